@@ -1,0 +1,28 @@
+-- The bare-SQL ceiling for `worker bench`: the least a queue can do per batch (claim with SKIP
+-- LOCKED, then mark done), run from one connection with no framework around it.
+
+-- name: bench_claim
+WITH picked AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE state = 'queued' AND queue = %(queue)s AND run_at <= now()
+     ORDER BY (-priority), run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.tasks AS t
+   SET state = 'in_progress', attempts = t.attempts + 1, started_at = now(),
+       lease_expires_at = now() + interval '30 seconds'
+ WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING t.id;
+
+-- name: bench_ack
+UPDATE {schema}.tasks
+   SET state = 'done', finished_at = now(), lease_expires_at = NULL
+ WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: bench_fill_finished
+-- Old finished rows, as a busy queue accumulates between purges: they must not slow claims.
+INSERT INTO {schema}.tasks (task, state, attempts, started_at, finished_at)
+SELECT 'bench.old', 'done', 1, now() - interval '10 minutes', now() - interval '9 minutes'
+  FROM generate_series(1, %(n)s);

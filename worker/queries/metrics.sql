@@ -1,0 +1,159 @@
+-- Read-only statements behind /metrics, /readyz and the status page (worker/_web.py).
+--
+-- They run once per cache period per machine, never per scrape, and each is bounded: queue
+-- counts walk only the partial indexes of active rows (tasks_claim_idx, tasks_lease_idx) and stop
+-- at a cap per queue; finished rows, which may number hundreds of millions, are never counted
+-- by these statements (their size comes from the planner's statistics instead).
+
+-- name: metrics_queue_stats
+-- One row per queue that has queued or running tasks, or that a live worker serves (so a queue
+-- that drains reports 0 instead of vanishing from the graphs).
+--   queued, delayed: exact up to %(cap)s per queue (a scan of at most that many index entries);
+--                    beyond it queued is reported as the cap and delayed as a lower bound.
+--   running:         exact (in_progress rows are bounded by the fleet's concurrency).
+--   oldest_seconds:  age of the oldest due task, found with one index probe per distinct priority
+--                    (a skip scan), so it costs the same with ten rows or ten million.
+-- Queue names come from a skip scan over tasks_claim_idx as well: one probe per queue.
+WITH RECURSIVE queued_names AS (
+    (SELECT t.queue FROM {schema}.tasks AS t
+      WHERE t.state = 'queued' ORDER BY t.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM {schema}.tasks AS t
+             WHERE t.state = 'queued' AND t.queue > n.queue ORDER BY t.queue LIMIT 1)
+      FROM queued_names AS n
+     WHERE n.queue IS NOT NULL
+),
+running AS (
+    SELECT t.queue, count(*) AS n
+      FROM {schema}.tasks AS t
+     WHERE t.state = 'in_progress'
+     GROUP BY t.queue
+),
+names AS (
+    SELECT queue FROM queued_names WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM running
+    UNION
+    SELECT unnest(w.queues) FROM {schema}.workers AS w
+     WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - make_interval(secs => %(alive_seconds)s)
+)
+SELECT names.queue,
+       c.queued,
+       c.delayed,
+       coalesce(running.n, 0) AS running,
+       c.queued >= %(cap)s AS capped,
+       o.oldest_seconds
+  FROM names
+  LEFT JOIN running ON running.queue = names.queue
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS queued, count(*) FILTER (WHERE s.run_at > now()) AS delayed
+      FROM (SELECT t.run_at FROM {schema}.tasks AS t
+             WHERE t.state = 'queued' AND t.queue = names.queue
+             LIMIT %(cap)s) AS s
+ ) AS c
+ CROSS JOIN LATERAL (
+    WITH RECURSIVE prio AS (
+        (SELECT (-t.priority) AS p, 1 AS depth FROM {schema}.tasks AS t
+          WHERE t.state = 'queued' AND t.queue = names.queue
+          ORDER BY (-t.priority) LIMIT 1)
+        UNION ALL
+        SELECT (SELECT (-t.priority) FROM {schema}.tasks AS t
+                 WHERE t.state = 'queued' AND t.queue = names.queue AND (-t.priority) > prio.p
+                 ORDER BY (-t.priority) LIMIT 1),
+               prio.depth + 1
+          FROM prio
+         WHERE prio.p IS NOT NULL AND prio.depth < 1000
+    )
+    SELECT extract(epoch FROM now() - min(f.run_at))::float8 AS oldest_seconds
+      FROM prio
+     CROSS JOIN LATERAL (
+        SELECT t.run_at FROM {schema}.tasks AS t
+         WHERE t.state = 'queued' AND t.queue = names.queue AND (-t.priority) = prio.p
+         ORDER BY (-t.priority), t.run_at LIMIT 1
+     ) AS f
+     WHERE prio.p IS NOT NULL AND f.run_at <= now()
+ ) AS o
+ ORDER BY names.queue;
+
+-- name: metrics_state_estimates
+-- Rows per state across the whole table, from the planner's statistics (reltuples times the
+-- most-common-value frequencies that ANALYZE keeps for `state`): free to read, as fresh as the last
+-- autovacuum/analyze, and empty until the table has been analyzed once.
+SELECT v.state, (greatest(c.reltuples, 0) * v.freq)::float8 AS estimate
+  FROM pg_class AS c
+  JOIN pg_namespace AS ns ON ns.oid = c.relnamespace
+ CROSS JOIN LATERAL (
+    SELECT unnest(s.most_common_vals::text::text[]) AS state,
+           unnest(s.most_common_freqs) AS freq
+      FROM pg_stats AS s
+     WHERE s.schemaname = ns.nspname AND s.tablename = c.relname AND s.attname = 'state'
+ ) AS v
+ WHERE ns.nspname = %(schema)s AND c.relname = 'tasks';
+
+-- name: metrics_table_estimate
+-- The planner's row count for the task table (-1 before the first analyze) and the current size
+-- of its heap, which needs no analyze to be right.
+SELECT c.reltuples::float8 AS estimate, pg_relation_size(c.oid) AS bytes
+  FROM pg_class AS c
+  JOIN pg_namespace AS ns ON ns.oid = c.relnamespace
+ WHERE ns.nspname = %(schema)s AND c.relname = 'tasks';
+
+-- name: metrics_workers_alive
+SELECT count(*) AS alive, coalesce(sum(in_flight), 0) AS in_flight
+  FROM {schema}.workers
+ WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => %(alive_seconds)s);
+
+-- name: status_page_finished_counts
+-- Finished rows per queue and state, counted exactly. The page runs this only while the planner
+-- estimates the table below a limit; above it the page shows table-wide estimates instead.
+SELECT queue, state::text AS state, count(*) AS n
+  FROM {schema}.tasks
+ WHERE state IN ('done', 'failed', 'cancelled')
+ GROUP BY queue, state;
+
+-- name: status_page_recent_failed
+-- The newest failures among the last %(scan)s finished rows, read backwards from
+-- tasks_finished_idx: bounded even when failures are rare among millions of done rows.
+SELECT t.id, t.queue, t.task, t.attempts, t.max_attempts, t.finished_at, t.last_error
+  FROM (SELECT id, state
+          FROM {schema}.tasks
+         WHERE state IN ('done', 'failed', 'cancelled')
+         ORDER BY finished_at DESC
+         LIMIT %(scan)s) AS recent
+  JOIN {schema}.tasks AS t ON t.id = recent.id
+ WHERE recent.state = 'failed'
+ ORDER BY t.finished_at DESC, t.id DESC
+ LIMIT %(limit)s;
+
+-- name: status_page_cron_runs
+-- The latest slot of each cron key still in the table, from tasks_cron_slot_idx.
+SELECT DISTINCT ON (cron_key) cron_key, cron_at, state::text AS state, finished_at
+  FROM {schema}.tasks
+ WHERE cron_key IS NOT NULL
+ ORDER BY cron_key, cron_at DESC
+ LIMIT 500;
+
+-- name: status_page_table_exists
+SELECT to_regclass(%(name)s) IS NOT NULL;
+
+-- name: status_page_cron_schedules
+-- Only run after status_page_table_exists said yes: the cron table belongs to the cron feature
+-- and its columns are rendered as they are.
+SELECT to_jsonb(c) AS row FROM {schema}.cron_schedules AS c LIMIT 500;
+
+-- name: status_page_locks
+-- Same as above for the lock table.
+SELECT to_jsonb(l) AS row FROM {schema}.locks AS l LIMIT 500;
+
+-- name: status_page_advisory_locks
+-- Advisory locks granted in this database. pg_locks is not free on a busy server, which is why
+-- only the status page (cached, on demand) reads it, never /metrics.
+SELECT l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, l.mode, l.pid,
+       a.application_name, a.client_addr::text AS client_addr, a.state,
+       extract(epoch FROM now() - a.xact_start)::float8 AS xact_seconds
+  FROM pg_locks AS l
+  LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ ORDER BY l.pid, l.classid, l.objid
+ LIMIT 200;

@@ -1,0 +1,167 @@
+-- Every statement that changes a task row, in the order a task travels:
+-- enqueue -> claim -> complete | retry | release -> (heartbeat while running) -> rescue -> purge.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+
+-- name: enqueue
+-- One task through the SQL function, so Python and SQL producers share the dedupe logic.
+SELECT {schema}.enqueue(
+    task => %(task)s, payload => %(payload)s, queue => %(queue)s, run_at => %(run_at)s,
+    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s
+) AS id;
+
+-- name: enqueue_copy
+-- Bulk enqueue: COPY skips per-row parsing and planning; the statement trigger sends one NOTIFY.
+COPY {schema}.tasks (task, payload, queue, priority, run_at, max_attempts) FROM STDIN;
+
+-- name: claim
+-- Take up to `limit` due tasks of one queue and make them ours in one statement. SKIP LOCKED lets
+-- concurrent workers take different rows without waiting on each other. The predicate is exactly
+-- the claim index's, and the keyset cursor (cursor_*) starts the scan after the last row this
+-- worker claimed, so claims do not walk again the dead index entries left behind them (they pile
+-- up whenever a long transaction elsewhere holds vacuum back). The lease is set by the database
+-- clock, so clock skew between machines does not matter.
+WITH picked AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE state = 'queued'
+       AND queue = %(queue)s
+       AND run_at <= now()
+       AND ((-priority), run_at, id) > (%(cursor_priority)s, %(cursor_run_at)s, %(cursor_id)s)
+     ORDER BY (-priority), run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.tasks AS t
+   SET state = 'in_progress',
+       attempts = t.attempts + 1,
+       worker_id = %(worker_id)s,
+       started_at = now(),
+       lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+-- = ANY(ARRAY(...)) makes the planner fetch the picked rows by primary key; a join against the
+-- CTE may be planned as a hash join over a scan of the whole table.
+ WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING t.id, t.task, t.payload, t.attempts, t.max_attempts, t.queue, t.priority, t.run_at,
+          t.created_at, now() AS claimed_at;
+
+-- name: complete
+-- Mark finished tasks done in one statement per batch. Fencing: only the owner's current attempt
+-- of a row still in progress may complete it; a worker that lost its lease gets nothing back for
+-- that row and learns it lost the row.
+-- "In progress" is spelled "lease_expires_at IS NOT NULL" in the fencing statements (the two are
+-- the same by the tasks_lease_iff_running constraint). Written as state = 'in_progress', the
+-- planner may scan the whole partial lease index, dead entries and all, instead of fetching the
+-- batch by primary key; that made acknowledgements the slowest step of the worker.
+UPDATE {schema}.tasks AS t
+   SET state = 'done', finished_at = now(), lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE t.id = ANY(%(ids)s::bigint[])  -- primary-key look-ups; the join below only fences
+   AND t.id = a.id
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id;
+
+-- name: complete_delete
+-- The same fencing as `complete`, for installations that keep no finished rows (retention 0):
+-- deleting is cheaper than writing a new row version that retention would delete later.
+DELETE FROM {schema}.tasks AS t
+ USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE t.id = ANY(%(ids)s::bigint[])  -- primary-key look-ups; the join below only fences
+   AND t.id = a.id
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+   AND t.cron_key IS NULL
+RETURNING t.id;
+
+-- name: retry
+-- Failed attempts: back to queued after the backoff delay, or failed when the handler said not to
+-- retry or the row has used its attempts (its own max_attempts, which an operator may have raised).
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
+                    THEN 'failed'::{schema}.task_state ELSE 'queued' END,
+       run_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
+                     THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
+       finished_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts THEN now() END,
+       last_error = a.error,
+       lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[],
+              %(errors)s::text[], %(permanent)s::boolean[]) AS a(id, attempt, delay, error, permanent)
+ WHERE t.id = ANY(%(ids)s::bigint[])  -- primary-key look-ups; the join below only fences
+   AND t.id = a.id
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id, t.state::text AS state;
+
+-- name: release
+-- Graceful stop: hand back tasks that did not finish within the grace period. The interrupted
+-- attempt is not counted, so a deploy does not use up a task's retries.
+UPDATE {schema}.tasks AS t
+   SET state = 'queued', attempts = greatest(t.attempts - 1, 0), run_at = now(),
+       started_at = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE t.id = ANY(%(ids)s::bigint[])  -- primary-key look-ups; the join below only fences
+   AND t.id = a.id
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id;
+
+-- name: heartbeat
+-- One statement per heartbeat, whatever the number of tasks in flight: renew the leases of this
+-- worker's running rows and its own row. Rows missing from the result were lost (rescued and
+-- possibly claimed by another worker): the worker must not complete them.
+WITH me AS (
+    UPDATE {schema}.workers
+       SET heartbeat_at = now(), in_flight = cardinality(%(ids)s::bigint[])
+     WHERE id = %(worker_id)s
+)
+UPDATE {schema}.tasks AS t
+   SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+ WHERE t.id = ANY(%(ids)s::bigint[])
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id;
+
+-- name: rescue
+-- Any worker runs this now and then; no leader is needed. Rows whose lease ran out (their worker
+-- died, hung or lost its connection) become claimable again, or failed when out of attempts; the
+-- attempt that died was counted when it was claimed. SKIP LOCKED keeps concurrent rescuers apart.
+WITH expired AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE state = 'in_progress'
+       AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.attempts >= t.max_attempts
+                    THEN 'failed'::{schema}.task_state ELSE 'queued' END,
+       run_at = now(),
+       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+       last_error = format('LeaseExpired: worker %%s stopped renewing its lease during attempt %%s '
+                           '(it died, hung or lost its connection)', t.worker_id, t.attempts),
+       lease_expires_at = NULL
+-- See claim: primary-key look-ups, never a scan of the table.
+ WHERE t.id = ANY(ARRAY(SELECT id FROM expired))
+RETURNING t.id, t.queue, t.task, t.state::text AS state;
+
+-- name: purge
+-- Retention: delete finished rows in small batches, oldest first, from the finished index. Cron
+-- rows are kept at least `cron_keep_seconds` so that a late, clock-skewed node cannot enqueue the
+-- same slot again.
+DELETE FROM {schema}.tasks
+ WHERE id = ANY(ARRAY(
+    SELECT id
+      FROM {schema}.tasks
+     WHERE state IN ('done', 'failed', 'cancelled')
+       AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+       AND (state <> 'failed' OR finished_at < now() - make_interval(secs => %(failed_seconds)s))
+       AND (cron_key IS NULL OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+ ));
