@@ -1,0 +1,53 @@
+"""worker: a PostgreSQL work queue for Python.
+
+The public API is what this module exports; everything in underscore modules is private.
+"""
+
+from ._cron import cron, load_schedules, schedule
+from ._enqueue import enqueue, enqueue_async, enqueue_many
+from ._errors import ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
+from ._locks import (
+    AdvisoryLock,
+    ExclusiveLock,
+    LockLost,
+    Mutex,
+    TimeoutLock,
+    advisory_keys,
+    advisory_lock,
+    current_lock,
+    exclusive,
+)
+from ._migrate import migrate
+from ._registry import Context, Registry, TaskDef, registry, task
+from ._worker import Worker, WorkerConfig
+
+__all__ = [
+    "AdvisoryLock",
+    "ConfigError",
+    "Context",
+    "DoNotRetry",
+    "ExclusiveLock",
+    "LockLost",
+    "LostLease",
+    "Mutex",
+    "Registry",
+    "SchemaMissing",
+    "TaskDef",
+    "TimeoutLock",
+    "Worker",
+    "WorkerConfig",
+    "WorkerError",
+    "advisory_keys",
+    "advisory_lock",
+    "cron",
+    "current_lock",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "exclusive",
+    "load_schedules",
+    "migrate",
+    "registry",
+    "schedule",
+    "task",
+]

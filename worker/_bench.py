@@ -1,0 +1,190 @@
+"""`worker bench`: enqueue and drain no-op tasks, next to the bare-SQL ceiling of the same run.
+
+Absolute numbers depend on the machine and on whatever else it is doing, so every figure is
+reported with the ceiling measured minutes apart on the same database, and as a ratio to it.
+Each phase starts from an empty, freshly truncated table so earlier phases' dead rows do not
+slow later ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from ._config import resolve_dsn
+from ._enqueue import enqueue_many
+from ._migrate import migrate
+from ._sql import queries
+
+BENCH_SCHEMA = "worker_bench"
+TASK = "bench.noop"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", type=int, default=100_000, help="tasks per phase (default 100000)")
+    p.add_argument("--batch-size", type=int, default=100, help="claim batch (default 100)")
+    p.add_argument("--concurrency", type=int, default=100, help="slots per process (default 100)")
+    p.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat and report the median")
+    p.add_argument(
+        "--keep-done",
+        type=float,
+        default=3600.0,
+        help="worker's --keep-done (0 deletes rows on completion)",
+    )
+    p.add_argument("--finished", type=int, default=0,
+                   help="finished rows to put in the table before each drain (large-table test)")
+    p.add_argument("--hold-xact", action="store_true",
+                   help="keep another session's transaction open during the drains, as a "
+                   "forgotten psql session would: vacuum then cannot remove dead rows")
+
+
+def _reset(conn: psycopg.Connection) -> None:
+    conn.execute(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
+    migrate(conn, BENCH_SCHEMA)
+
+
+def _truncate(conn: psycopg.Connection, finished: int) -> None:
+    conn.execute(f"TRUNCATE {BENCH_SCHEMA}.tasks")
+    if finished:
+        conn.execute(queries(BENCH_SCHEMA)["bench_fill_finished"], {"n": finished})
+    conn.execute(f"VACUUM ANALYZE {BENCH_SCHEMA}.tasks")
+
+
+def _enqueue(conn: psycopg.Connection, n: int) -> float:
+    start = time.perf_counter()
+    enqueue_many(conn, TASK, ({"i": i} for i in range(n)), schema=BENCH_SCHEMA)
+    return n / (time.perf_counter() - start)
+
+
+def _ceiling(conn: psycopg.Connection, n: int, batch: int) -> float:
+    q = queries(BENCH_SCHEMA)
+    done = 0
+    start = time.perf_counter()
+    while done < n:
+        ids = [r[0] for r in conn.execute(q["bench_claim"], {"queue": "default", "limit": batch})]
+        if not ids:
+            break
+        conn.execute(q["bench_ack"], {"ids": ids})
+        done += len(ids)
+    return done / (time.perf_counter() - start)
+
+
+def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
+    """Run the real `worker run --burst` and time first claim to last acknowledgement."""
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as fh:
+        report = fh.name
+    cmd = [
+        sys.executable,
+        "-m",
+        "worker",
+        "run",
+        "worker._bench_tasks",
+        "--dsn",
+        dsn,
+        "--schema",
+        BENCH_SCHEMA,
+        "--processes",
+        str(args.processes),
+        "--burst",
+        "--concurrency",
+        str(args.concurrency),
+        "--batch-size",
+        str(args.batch_size),
+        "--keep-done",
+        str(args.keep_done),
+        "--log-level",
+        "WARNING",
+        "--report",
+        report,
+    ]
+    try:
+        subprocess.run(cmd, check=True, env={**os.environ, "WORKER_DSN": dsn})
+        lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
+    finally:
+        os.unlink(report)
+    done = sum(r["done"] for r in lines)
+    if done < n:
+        raise RuntimeError(f"worker drained {done} of {n} tasks")
+    first = min(r["first_claim"] for r in lines if r["first_claim"])
+    last = max(r["last_ack"] for r in lines if r["last_ack"])
+    rss = max(r["max_rss_kb"] for r in lines)
+    return n / (last - first), rss
+
+
+def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, list[float]] = {"enqueue": [], "drain": [], "ceiling": [], "rss_kb": []}
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
+        _reset(conn)
+        for _ in range(args.rounds):
+            _truncate(conn, args.finished)
+            results["enqueue"].append(_enqueue(conn, args.tasks))
+            if args.hold_xact:
+                holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
+            results["ceiling"].append(_ceiling(conn, args.tasks, args.batch_size))
+            holder.rollback()
+            _truncate(conn, args.finished)
+            _enqueue(conn, args.tasks)
+            if args.hold_xact:
+                holder.execute("SELECT txid_current()")
+            rate, rss = _drain(dsn, args, args.tasks)
+            holder.rollback()
+            results["drain"].append(rate)
+            results["rss_kb"].append(rss)
+        server = conn.execute("SHOW server_version").fetchone()
+        fsync = conn.execute("SHOW fsync").fetchone()
+        sync = conn.execute("SHOW synchronous_commit").fetchone()
+        conn.execute(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
+    med = {k: statistics.median(v) for k, v in results.items()}
+    return {
+        "tasks": args.tasks,
+        "batch_size": args.batch_size,
+        "concurrency": args.concurrency,
+        "processes": args.processes,
+        "finished_rows": args.finished,
+        "held_transaction": args.hold_xact,
+        "rounds": args.rounds,
+        "enqueue_per_s": round(med["enqueue"]),
+        "drain_per_s": round(med["drain"]),
+        "ceiling_drain_per_s": round(med["ceiling"]),
+        "drain_ratio": round(med["drain"] / med["ceiling"], 3),
+        "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
+        "server": server[0] if server else "?",
+        "fsync": fsync[0] if fsync else "?",
+        "synchronous_commit": sync[0] if sync else "?",
+        "cpus": os.cpu_count(),
+        "all": {k: [round(x) for x in v] for k, v in results.items()},
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    dsn = resolve_dsn(args.dsn)
+    r = run(dsn, args)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(
+        f"worker bench: {r['tasks']} no-op tasks, batch {r['batch_size']}, "
+        f"{r['processes']} process(es) x {r['concurrency']} slots, {r['cpus']} CPUs, "
+        f"PostgreSQL {r['server']} (fsync={r['fsync']}, synchronous_commit="
+        f"{r['synchronous_commit']})"
+    )
+    if r["finished_rows"] or r["held_transaction"]:
+        held = ", another session holding a transaction open" if r["held_transaction"] else ""
+        print(f"  with {r['finished_rows']:,} finished rows in the table{held}")
+    print(f"  enqueue_many (COPY)     {r['enqueue_per_s']:>9,} tasks/s")
+    print(f"  drain (worker)          {r['drain_per_s']:>9,} tasks/s")
+    print(f"  drain (bare SQL)        {r['ceiling_drain_per_s']:>9,} tasks/s   <- ceiling")
+    print(f"  worker / ceiling        {r['drain_ratio']:>9.0%}")
+    print(f"  worker peak RSS         {r['worker_max_rss_mb']:>9} MB per process")
+    return 0

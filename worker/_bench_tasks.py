@@ -1,0 +1,10 @@
+"""The no-op task `worker bench` drains; imported by the benchmark's worker processes."""
+
+from typing import Any
+
+from ._registry import registry
+
+
+@registry.task("bench.noop")
+def noop(payload: Any) -> None:
+    """Does nothing, so the benchmark measures the queue and not the work."""

@@ -1,0 +1,812 @@
+"""A private PostgreSQL server for when the user gives no DSN (the CLI and the test suite).
+
+The point is zero setup: ``pip install worker`` brings the ``pgserver`` wheel, whose PostgreSQL
+binaries we drive directly with ``initdb``/``pg_ctl``. We do not import ``pgserver`` itself:
+importing it creates runtime directories and registers atexit hooks that stop servers we want
+to outlive the process.
+
+The server listens on 127.0.0.1 only, with trust authentication, so the DSN carries no secret.
+Its port is chosen once and kept in a small JSON file inside the data directory, so a DSN that
+was printed or written into a config stays valid across restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pwd
+
+__all__ = [
+    "EmbeddedError",
+    "EmbeddedPostgres",
+    "default_data_dir",
+    "ensure_embedded",
+    "find_pg_bin",
+]
+
+log = logging.getLogger("worker.embedded")
+
+DEFAULT_RUN_USER = "worker-pg"
+STATE_FILE = "worker-embedded.json"
+LOG_FILE = "server.log"
+
+_TOOLS = ("initdb", "pg_ctl", "postgres")
+_SYSTEM_PORT = 5432  # a system PostgreSQL may own it; never hand it out
+_START_TIMEOUT = 60  # seconds pg_ctl waits for the server to accept connections
+_LOG_ROTATE_BYTES = 10 * 1024 * 1024
+_LOG_TAIL_LINES = 40
+# sun_path holds 108 bytes with the NUL; PostgreSQL also creates "<socket>.lock" beside it.
+_MAX_SOCKET_DIR_LEN = 107 - len("/.s.PGSQL.65535")
+# Socket dirs go through pg_ctl's shell and PostgreSQL's list parsing: keep them boring.
+_SHELL_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+-]+$")
+_LOG_LEVEL = re.compile(r"\b(PANIC|FATAL|ERROR):\s")
+_PORT_TROUBLE = ("Address already in use", "could not bind", "could not create any TCP/IP")
+
+
+class EmbeddedError(RuntimeError):
+    """The embedded server could not be found, created, started or stopped.
+
+    ``str(err)`` is one line meant for a terminal; ``detail`` holds what a human debugging it
+    wants (the tail of the server log, tool output) without flooding the CLI's error line.
+    """
+
+    def __init__(self, message: str, *, detail: str = "", log_path: Path | None = None) -> None:
+        super().__init__(" ".join(message.split()))
+        self.detail = detail
+        self.log_path = log_path
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+@dataclass(frozen=True)
+class _Install:
+    bin_dir: Path
+    # Folders pgserver's binaries read at run time (bin, lib, share, the auditwheel libs). When
+    # root hands the server to an unprivileged user we make these readable by it. Empty for
+    # other installs: walking e.g. /usr/lib to "fix" it would loosen files on purpose private.
+    private_tree: tuple[Path, ...] = ()
+
+
+def _has_tools(folder: Path) -> bool:
+    return all(os.access(folder / tool, os.X_OK) and (folder / tool).is_file() for tool in _TOOLS)
+
+
+def _pgserver_install() -> _Install | None:
+    # find_spec on a top-level name locates the package without executing its __init__.
+    try:
+        spec = importlib.util.find_spec("pgserver")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        prefix = Path(location) / "pginstall"
+        if _has_tools(prefix / "bin"):
+            # auditwheel moves bundled shared libraries to a sibling "pgserver.libs" folder.
+            extra = Path(location).parent / "pgserver.libs"
+            dirs = [prefix / "bin", prefix / "lib", prefix / "share", extra]
+            return _Install(prefix / "bin", tuple(d for d in dirs if d.is_dir()))
+    return None
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    name = Path(path).parent.name
+    return tuple(int(part) for part in name.split(".") if part.isdigit()) or (0,)
+
+
+def _find_install() -> _Install:
+    override = os.environ.get("WORKER_PG_BIN")
+    if override:
+        folder = Path(override).expanduser().absolute()
+        if not _has_tools(folder):
+            raise EmbeddedError(
+                f"WORKER_PG_BIN={override} has no initdb/pg_ctl/postgres: point it at a "
+                "PostgreSQL bin folder, or unset it, or set WORKER_DSN to use a server"
+            )
+        return _Install(folder)
+
+    found = _pgserver_install()
+    if found is not None:
+        return found
+
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        # Distribution wrappers and /usr/local/bin symlinks: pg_ctl looks for "postgres"
+        # next to its real location, so use the resolved folder.
+        folder = Path(initdb).resolve().parent
+        if _has_tools(folder):
+            return _Install(folder)
+
+    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version_key, reverse=True):
+        if _has_tools(Path(candidate)):
+            return _Install(Path(candidate))
+
+    raise EmbeddedError(
+        "no PostgreSQL binaries found for the embedded server: `pip install pgserver` "
+        "(or set WORKER_PG_BIN to a PostgreSQL bin folder), or set WORKER_DSN to use a server"
+    )
+
+
+def find_pg_bin() -> Path:
+    """The folder holding ``initdb``/``pg_ctl``/``postgres`` that the embedded server uses.
+
+    Exposed so the CLI can print it in diagnostics; raises :class:`EmbeddedError` if none.
+    """
+    return _find_install().bin_dir
+
+
+# --------------------------------------------------------------------------- running as root
+
+
+@dataclass(frozen=True)
+class _RunAs:
+    name: str
+    uid: int
+    gid: int
+
+    def can_traverse(self, st: os.stat_result) -> bool:
+        return bool(st.st_mode & self._class_bit(st, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH))
+
+    def _class_bit(self, st: os.stat_result, usr: int, grp: int, oth: int) -> int:
+        # Permission checks use exactly one class: owner, else group, else other.
+        if st.st_uid == self.uid:
+            return usr
+        if st.st_gid == self.gid:  # we drop supplementary groups, so only the primary counts
+            return grp
+        return oth
+
+    def grant(self, path: Path, st: os.stat_result, *, read: bool, execute: bool) -> None:
+        """Add the missing read/execute bits for this user's class; never adds write."""
+        want = 0
+        if read:
+            want |= self._class_bit(st, stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)
+        if execute:
+            want |= self._class_bit(st, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
+        if st.st_mode & want != want:
+            mode = stat.S_IMODE(st.st_mode) | want
+            log.info("chmod %o %s so %s can use it", mode, path, self.name)
+            os.chmod(path, mode)
+
+
+def _run_as_user() -> _RunAs | None:
+    """PostgreSQL refuses to run as root, so root hands the server to an unprivileged user."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    name = os.environ.get("WORKER_EMBEDDED_USER") or DEFAULT_RUN_USER
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        if name != DEFAULT_RUN_USER:
+            raise EmbeddedError(
+                f"WORKER_EMBEDDED_USER={name} does not exist: create it, or unset it to let "
+                f"worker create {DEFAULT_RUN_USER}"
+            ) from None
+        entry = _create_user(name)
+    if entry.pw_uid == 0:
+        raise EmbeddedError(
+            f"user {name} is root and PostgreSQL refuses to run as root: set "
+            "WORKER_EMBEDDED_USER to an unprivileged user"
+        )
+    return _RunAs(name, entry.pw_uid, entry.pw_gid)
+
+
+def _create_user(name: str) -> pwd.struct_passwd:
+    import pwd
+
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    argv = [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
+    log.info("creating system user %s to run the embedded PostgreSQL as", name)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise EmbeddedError(
+            f"running as root needs an unprivileged user and useradd failed ({exc}): create "
+            "one and set WORKER_EMBEDDED_USER, or set WORKER_DSN to use a server"
+        ) from None
+    try:
+        # Another process may have created it between our lookup and useradd: that is fine.
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise EmbeddedError(
+            f"running as root needs an unprivileged user and `useradd {name}` failed: create "
+            "one and set WORKER_EMBEDDED_USER, or set WORKER_DSN to use a server",
+            detail=done.stderr,
+        ) from None
+
+
+def _ensure_traversable(path: Path, user: _RunAs) -> None:
+    """Let ``user`` reach ``path`` by adding search permission only where it is missing."""
+    for folder in (path, *path.parents):
+        try:
+            st = folder.stat()
+        except FileNotFoundError:
+            continue
+        if not user.can_traverse(st):
+            user.grant(folder, st, read=False, execute=True)
+
+
+_readable_trees: set[tuple[Path, int]] = set()
+
+
+def _ensure_readable_tree(root: Path, user: _RunAs) -> None:
+    """Installed files are normally world-readable, but umask 077 installs are not: fix once."""
+    key = (root, user.uid)
+    if key in _readable_trees:
+        return
+    _ensure_traversable(root, user)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        folder = Path(dirpath)
+        user.grant(folder, folder.stat(), read=True, execute=True)
+        for filename in filenames:
+            path = folder / filename
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            user.grant(path, st, read=True, execute=bool(st.st_mode & stat.S_IXUSR))
+    _readable_trees.add(key)
+
+
+def _chown_tree(root: Path, user: _RunAs) -> None:
+    log.info("handing %s to user %s", root, user.name)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            os.lchown(Path(dirpath) / name, user.uid, user.gid)
+    os.chown(root, user.uid, user.gid)
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # Same option PostgreSQL uses: connections lingering in TIME_WAIT from the previous
+        # run must not count as "taken", or every restart would move the port.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_free_port() -> int:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port != _SYSTEM_PORT:
+            return port
+
+
+# --------------------------------------------------------------------------- process checks
+
+
+def _postgres_alive(pid: int, data_dir: Path) -> bool:
+    """A live postgres serving ``data_dir``: not a zombie, not a recycled PID.
+
+    Zombies matter: in containers whose PID 1 does not reap (no ``--init``), a killed
+    postmaster can linger as a zombie, and kill(pid, 0) still succeeds on it.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by another user (the unprivileged server user)
+    if not Path("/proc/self/stat").exists():
+        return True  # no procfs (macOS): trust kill()
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    comm = text[text.find("(") + 1 : text.rfind(")")]
+    state = text[text.rfind(")") + 2 : text.rfind(")") + 3]
+    if state in ("Z", "X") or not comm.startswith("postgres"):
+        return False
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return True  # not ours to inspect (non-root looking at another user): trust it
+    # Every postgres process chdirs into its data directory.
+    return os.path.realpath(cwd) == os.path.realpath(data_dir)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class EmbeddedPostgres:
+    """One PostgreSQL cluster in ``data_dir``, started on demand and left running.
+
+    Every method may be called from several threads or processes at once: they serialise on
+    an ``fcntl`` lock file beside the data directory, so two CLIs started together share one
+    server instead of racing ``initdb``. The server outlives this object and this process (it
+    is a daemon); call :meth:`stop` to end it.
+    """
+
+    def __init__(self, data_dir: Path, *, durable: bool = True) -> None:
+        # Absolute because the tools run with cwd="/" (the server user may not be able to
+        # read our cwd, and PostgreSQL resolves -D relative to it).
+        self.data_dir = Path(data_dir).expanduser().absolute()
+        self.durable = durable
+        self._install: _Install | None = None
+
+    def __repr__(self) -> str:
+        return f"EmbeddedPostgres({str(self.data_dir)!r}, durable={self.durable})"
+
+    # ----------------------------------------------------------------- paths
+
+    @property
+    def log_path(self) -> Path:
+        """Inside the data dir, so it goes wherever the cluster goes (and is removed with it)."""
+        return self.data_dir / LOG_FILE
+
+    @property
+    def _state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    @property
+    def _lock_path(self) -> Path:
+        # Beside, not inside: initdb wants the data directory empty (or absent).
+        return self.data_dir.parent / f".{self.data_dir.name}.lock"
+
+    @property
+    def socket_dir(self) -> Path:
+        """The data dir, unless its path would overflow a unix socket address or the shell."""
+        candidate = str(self.data_dir)
+        if len(candidate) <= _MAX_SOCKET_DIR_LEN and _SHELL_SAFE_PATH.match(candidate):
+            return self.data_dir
+        digest = hashlib.sha256(candidate.encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"worker-pg-{digest}"
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def dsn(self) -> str:
+        """``postgresql://postgres@127.0.0.1:PORT/postgres``; stable across restarts."""
+        port = self._running_port() or self._read_state_port()
+        if port is None:
+            raise EmbeddedError(
+                f"embedded PostgreSQL in {self.data_dir} was never initialised: call start()"
+            )
+        return _dsn(port)
+
+    def is_running(self) -> bool:
+        """Judged from postmaster.pid and the process table, not by connecting, so it is cheap
+        and does not wait on a server that is still starting."""
+        return self._postmaster_pid() is not None
+
+    def start(self) -> str:
+        """Create the cluster if needed, start it if it is not running, and return its DSN."""
+        if os.name == "nt":
+            raise EmbeddedError(
+                "the embedded PostgreSQL server is not supported on Windows: set WORKER_DSN"
+            )
+        with self._locked():
+            return self._start_locked()
+
+    def stop(self) -> None:
+        """Fast shutdown (rolls back open transactions); nothing to do if it is not running."""
+        if not self.data_dir.is_dir():
+            return  # never created: do not leave a lock file behind either
+        with self._locked():
+            self._stop_locked()
+
+    def restart(self) -> None:
+        """Stop then start under one lock, so no other process slips a start in between."""
+        with self._locked():
+            self._stop_locked()
+            self._start_locked()
+
+    # ----------------------------------------------------------------- locking
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        import fcntl  # POSIX only; imported here so the module still imports on Windows
+
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        # A fresh open file description per call: flock then excludes other threads of this
+        # process as well as other processes.
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.debug("waiting for %s (another start/stop is in progress)", self._lock_path)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # ----------------------------------------------------------------- internals
+
+    def _bins(self) -> _Install:
+        if self._install is None:
+            self._install = _find_install()
+        return self._install
+
+    def _pidfile_lines(self) -> list[str]:
+        try:
+            return (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except PermissionError:
+            raise EmbeddedError(
+                f"cannot read {self.data_dir}: it belongs to another user (run as that user, or "
+                "set WORKER_EMBEDDED_DIR to another folder)"
+            ) from None
+
+    def _postmaster_pid(self) -> int | None:
+        lines = self._pidfile_lines()
+        if not lines:
+            return None
+        try:
+            pid = int(lines[0].strip())
+        except ValueError:
+            return None
+        return pid if _postgres_alive(pid, self.data_dir) else None
+
+    def _running_port(self) -> int | None:
+        lines = self._pidfile_lines()
+        if len(lines) < 4 or self._postmaster_pid() is None:
+            return None
+        try:
+            return int(lines[3].strip())
+        except ValueError:
+            return None
+
+    def _read_state_port(self) -> int | None:
+        try:
+            state = json.loads(self._state_path.read_text())
+            port = int(state["port"])
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring unreadable %s", self._state_path)
+            return None
+        except PermissionError:
+            raise EmbeddedError(
+                f"cannot read {self._state_path}: it belongs to another user"
+            ) from None
+        return port if 0 < port < 65536 and port != _SYSTEM_PORT else None
+
+    def _write_state_port(self, port: int) -> None:
+        tmp = self._state_path.with_name(f".{STATE_FILE}.tmp")
+        tmp.write_text(json.dumps({"port": port}) + "\n")
+        os.replace(tmp, self._state_path)
+
+    def _env(self) -> dict[str, str]:
+        # PG* variables (PGDATA, PGPORT, ...) would silently retarget the tools; C messages
+        # keep the log parseable ("Address already in use").
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env["LC_ALL"] = "C"
+        env["LANG"] = "C"
+        return env
+
+    def _run(
+        self, argv: list[str], user: _RunAs | None, *, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        kwargs: dict[str, object] = {}
+        if user is not None:
+            kwargs = {"user": user.uid, "group": user.gid, "extra_groups": []}
+        log.debug("running %s", " ".join(shlex.quote(a) for a in argv))
+        try:
+            return subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                cwd="/",
+                env=self._env(),
+                timeout=timeout,
+                check=False,
+                **kwargs,  # type: ignore[arg-type]
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise EmbeddedError(
+                f"{Path(argv[0]).name} did not finish within {timeout:.0f}s; see {self.log_path}",
+                detail=_text(exc.stdout) + _text(exc.stderr),
+                log_path=self.log_path,
+            ) from None
+        except OSError as exc:
+            raise EmbeddedError(f"cannot run {argv[0]}: {exc}") from None
+
+    def _prepare_dirs(self, user: _RunAs | None, install: _Install) -> None:
+        fresh = not self.data_dir.exists()
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sock = self.socket_dir
+        if sock != self.data_dir:
+            # A short path in the shared temp folder: refuse one someone else planted.
+            sock.mkdir(mode=0o700, exist_ok=True)
+            st = sock.lstat()
+            allowed = {os.geteuid()} | ({user.uid} if user is not None else set())
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in allowed:
+                raise EmbeddedError(f"socket folder {sock} belongs to another user: remove it")
+        if user is None:
+            return
+        for path in (self.data_dir, sock):
+            if path.stat().st_uid != user.uid:
+                if fresh or path == sock or not any(path.iterdir()):
+                    os.chown(path, user.uid, user.gid)
+                else:
+                    _chown_tree(path, user)
+            _ensure_traversable(path.parent, user)
+        _ensure_traversable(install.bin_dir, user)
+        for folder in install.private_tree:
+            _ensure_readable_tree(folder, user)
+
+    def _initdb_if_needed(self, user: _RunAs | None, install: _Install) -> None:
+        if (self.data_dir / "PG_VERSION").exists():
+            if self._read_state_port() is None:
+                # A cluster made elsewhere (or before the state file existed): adopt it.
+                self._write_state_port(_pick_free_port())
+            return
+        leftovers = [p.name for p in self.data_dir.iterdir()]
+        if leftovers:
+            raise EmbeddedError(
+                f"{self.data_dir} is not empty and holds no PostgreSQL cluster: remove it or "
+                "set WORKER_EMBEDDED_DIR to another folder"
+            )
+        log.info("creating embedded PostgreSQL cluster in %s", self.data_dir)
+        done = self._run(
+            [
+                str(install.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-locale",
+                "--no-instructions",
+            ],
+            user,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            output = (done.stderr or done.stdout).strip()
+            cause = output.splitlines()[-1] if output else f"exit code {done.returncode}"
+            raise EmbeddedError(
+                f"initdb failed for {self.data_dir}: {cause}",
+                detail=done.stdout + done.stderr,
+            )
+        # Written last: the port is part of what a successfully created cluster has.
+        self._write_state_port(_pick_free_port())
+
+    def _clear_stale_lock_files(self) -> None:
+        """Remove lock files naming a postmaster that is a zombie or a recycled PID.
+
+        PostgreSQL removes lock files of dead postmasters itself, but it judges "dead" with
+        kill(pid, 0), which succeeds on a zombie or on an unrelated process that got the PID,
+        and then refuses to start forever. Safe because PostgreSQL 12+ also guards against
+        orphaned backends through the shared memory key derived from the data directory.
+        """
+        lines = self._pidfile_lines()
+        if not lines or not Path("/proc/self/stat").exists():
+            return
+        try:
+            pid = int(lines[0].strip())
+        except ValueError:
+            return
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return  # truly gone: PostgreSQL copes on its own
+        except PermissionError:
+            pass
+        if _postgres_alive(pid, self.data_dir):
+            return
+        log.warning("removing stale postmaster.pid of PID %d (zombie or reused PID)", pid)
+        stale = [self.data_dir / "postmaster.pid"]
+        if len(lines) >= 4 and lines[3].strip().isdigit():
+            stale.append(self.socket_dir / f".s.PGSQL.{lines[3].strip()}.lock")
+        for path in stale:
+            with contextlib.suppress(OSError):
+                if path.read_text().split("\n", 1)[0].strip() == str(pid):
+                    path.unlink()
+
+    def _rotate_log(self) -> None:
+        try:
+            if self.log_path.stat().st_size > _LOG_ROTATE_BYTES:
+                os.replace(self.log_path, self.log_path.with_name(LOG_FILE + ".1"))
+        except FileNotFoundError:
+            pass
+
+    def _start_locked(self) -> str:
+        port = self._running_port()
+        if port is not None:
+            return _dsn(port)
+        install = self._bins()
+        user = _run_as_user()
+        self._prepare_dirs(user, install)
+        self._initdb_if_needed(user, install)
+        self._rotate_log()
+        self._clear_stale_lock_files()
+
+        port = self._read_state_port() or _pick_free_port()
+        for attempt in range(3):
+            if not _port_is_free(port):
+                new = _pick_free_port()
+                log.warning("port %d is taken; the embedded server moves to %d", port, new)
+                port = new
+            self._write_state_port(port)
+            try:
+                self._pg_ctl_start(port, user, install)
+            except _PortTaken:
+                if attempt == 2:
+                    raise
+                continue
+            log.info("embedded PostgreSQL running on 127.0.0.1:%d (%s)", port, self.data_dir)
+            return _dsn(port)
+        raise AssertionError("unreachable")
+
+    def _server_options(self, port: int) -> list[str]:
+        settings = {
+            "port": str(port),
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.socket_dir),
+            "max_connections": "300",
+        }
+        if not self.durable:
+            # Throwaway test clusters: a crash may corrupt them, and that is fine.
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        options: list[str] = []
+        for name, value in settings.items():
+            options += ["-c", f"{name}={value}"]
+        return options
+
+    def _pg_ctl_start(self, port: int, user: _RunAs | None, install: _Install) -> None:
+        try:
+            offset = self.log_path.stat().st_size
+        except FileNotFoundError:
+            offset = 0
+        # pg_ctl hands -o to /bin/sh, hence the quoting.
+        options = " ".join(shlex.quote(o) for o in self._server_options(port))
+        done = self._run(
+            [
+                str(install.bin_dir / "pg_ctl"),
+                "start",
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_path),
+                "-w",
+                "-t",
+                str(_START_TIMEOUT),
+                "-o",
+                options,
+            ],
+            user,
+            timeout=_START_TIMEOUT + 30,
+        )
+        if done.returncode == 0 and self._postmaster_pid() is not None:
+            return
+        tail = self._log_since(offset)
+        tool_output = (done.stderr + done.stdout).strip()
+        cause = _cause(tail) or (tool_output.splitlines() or [""])[-1]
+        if not cause:
+            cause = f"pg_ctl exited with code {done.returncode}"
+        detail = "\n".join(part for part in (tail, tool_output) if part)
+        if any(marker in detail for marker in _PORT_TROUBLE):
+            raise _PortTaken(
+                f"embedded PostgreSQL could not listen on 127.0.0.1:{port}: {cause}; "
+                f"see {self.log_path}",
+                detail=detail,
+                log_path=self.log_path,
+            )
+        raise EmbeddedError(
+            f"embedded PostgreSQL failed to start: {cause}; see {self.log_path}",
+            detail=detail,
+            log_path=self.log_path,
+        )
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with self.log_path.open("rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(offset if offset <= size else 0)
+                text = fh.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+
+    def _stop_locked(self) -> None:
+        if self._postmaster_pid() is None:
+            return
+        install = self._bins()
+        user = _run_as_user()
+        done = self._run(
+            [
+                str(install.bin_dir / "pg_ctl"),
+                "stop",
+                "-D",
+                str(self.data_dir),
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                str(_START_TIMEOUT),
+            ],
+            user,
+            timeout=_START_TIMEOUT + 30,
+        )
+        if done.returncode != 0 and self._postmaster_pid() is not None:
+            output = (done.stderr + done.stdout).strip()
+            cause = output.splitlines()[-1] if output else f"exit code {done.returncode}"
+            raise EmbeddedError(
+                f"embedded PostgreSQL did not stop: {cause}; see {self.log_path}",
+                detail=output,
+                log_path=self.log_path,
+            )
+        self._wait_gone()
+        log.info("embedded PostgreSQL in %s stopped", self.data_dir)
+
+    def _wait_gone(self, timeout: float = 10.0) -> None:
+        # pg_ctl -w returns once postmaster.pid is gone; the process may linger a moment
+        # more, and a start() right after must not see it as alive.
+        deadline = time.monotonic() + timeout
+        while self._postmaster_pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class _PortTaken(EmbeddedError):
+    """Raised inside start() so it can retry on another port; escapes only after retries."""
+
+
+def _dsn(port: int) -> str:
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
+def _cause(log_tail: str) -> str:
+    """The most telling log line: the last FATAL/PANIC/ERROR, without its timestamp prefix."""
+    best = ""
+    for line in log_tail.splitlines():
+        match = _LOG_LEVEL.search(line)
+        if match:
+            best = line[match.start() :].strip()
+    return best
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def default_data_dir() -> Path:
+    """``$WORKER_EMBEDDED_DIR``, else ``./.worker/pgdata``: per project, like a venv."""
+    configured = os.environ.get("WORKER_EMBEDDED_DIR")
+    if configured:
+        return Path(configured).expanduser().absolute()
+    return Path.cwd() / ".worker" / "pgdata"
+
+
+def ensure_embedded(data_dir: Path | None = None) -> str:
+    """Start (creating if needed) the embedded server and return its DSN."""
+    return EmbeddedPostgres(data_dir if data_dir is not None else default_data_dir()).start()

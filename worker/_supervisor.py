@@ -1,0 +1,211 @@
+"""The process pool: start P worker processes, replace the ones that die or hang, stop them all.
+
+A worker process can die (OOM kill, a segfault in a C extension, SIGKILL) or hang (a handler
+stuck in C code holding the GIL). Neither loses a task, because leases expire and any worker
+rescues the rows; the supervisor's job is to keep capacity up and to stop cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("worker.supervisor")
+
+LIVENESS_ENV = "WORKER_LIVENESS_FILE"
+
+
+@dataclass
+class _Child:
+    slot: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    deaths: deque[float] = field(default_factory=deque)
+    restart_at: float = 0.0
+    liveness: Path | None = None
+    spawn_mark: float = 0.0  # the liveness file's mtime when this process was started
+
+
+class Supervisor:
+    """Runs ``argv`` (a ``worker run ... --child`` command line) in ``processes`` copies."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        processes: int,
+        *,
+        grace_seconds: float,
+        stuck_seconds: float,
+        max_deaths: int = 10,
+        death_window: float = 60.0,
+        burst: bool = False,
+    ) -> None:
+        self.burst = burst
+        self.argv = argv
+        self.children = [_Child(i) for i in range(processes)]
+        self.grace_seconds = grace_seconds
+        self.stuck_seconds = stuck_seconds
+        self.max_deaths = max_deaths
+        self.death_window = death_window
+        self._stopping = False
+        self._signals = 0
+        self._dir = Path(tempfile.mkdtemp(prefix="worker-liveness-"))
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signals += 1
+        if not self._stopping:
+            log.info(
+                "received %s: stopping workers (grace %.0fs)",
+                signal.Signals(signum).name,
+                self.grace_seconds,
+            )
+        elif self._signals > 1:
+            # A second signal means "stop now". The children run in their own sessions, so a
+            # terminal's Ctrl-C never reaches them: pass it on (a worker treats a second signal
+            # as "hand back in-flight tasks at once").
+            log.info("received %s again: stopping workers at once", signal.Signals(signum).name)
+            for child in self.children:
+                if child.proc is not None and child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+        self._stopping = True
+
+    def _spawn(self, child: _Child) -> None:
+        child.liveness = self._dir / f"child-{child.slot}"
+        child.liveness.touch()
+        child.spawn_mark = child.liveness.stat().st_mtime
+        env = {
+            **os.environ,
+            LIVENESS_ENV: str(child.liveness),
+            "WORKER_CHILD_SLOT": str(child.slot),
+        }
+        # A new process group keeps a terminal's Ctrl-C from reaching the children directly:
+        # the supervisor decides when and how they stop.
+        child.proc = subprocess.Popen(self.argv, env=env, start_new_session=True)
+        child.started = time.monotonic()
+        log.info("started worker process %d (pid %d)", child.slot, child.proc.pid)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for child in self.children:
+            self._spawn(child)
+        failed = False
+        try:
+            while not self._stopping:
+                time.sleep(0.2)
+                if self.burst and all(
+                    c.proc is not None and c.proc.poll() == 0 for c in self.children
+                ):
+                    break
+                if not self._watch():
+                    failed = True
+                    self._stopping = True
+        finally:
+            code = self._stop_all()
+        return 1 if failed else code
+
+    def _watch(self) -> bool:
+        """Restart dead children (with backoff), kill stuck ones; False when it cannot keep up."""
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.proc
+            if proc is None:
+                if now >= child.restart_at:
+                    self._spawn(child)
+                continue
+            code = proc.poll()
+            if code == 0 and self.burst:
+                continue  # a burst child that found nothing more to do is finished
+            if code is None:
+                if self._stuck(child, now):
+                    log.error(
+                        "worker process %d (pid %d) is stuck; killing it", child.slot, proc.pid
+                    )
+                    proc.kill()
+                    proc.wait()
+                    code = -signal.SIGKILL
+                else:
+                    continue
+            child.proc = None
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                from ._metrics import child_exited
+
+                child_exited(proc.pid)  # its live gauges go; its counts stay in the total
+            if self._got_going(child):
+                # It reached its main loop before dying (an OOM kill, a crashed handler, a stuck
+                # loop killed above): not a crash loop, so restart at once and count afresh.
+                # Without this, every kill of a healthy child lengthened the restart delay.
+                child.deaths.clear()
+            child.deaths.append(now)
+            while child.deaths and child.deaths[0] < now - self.death_window:
+                child.deaths.popleft()
+            if len(child.deaths) > self.max_deaths:
+                log.error(
+                    "worker process %d died %d times in %.0fs (last exit %s); giving up",
+                    child.slot,
+                    len(child.deaths),
+                    self.death_window,
+                    code,
+                )
+                return False
+            # Capped so that max_deaths fit in the death window: with a 30 s cap a child dying
+            # at start-up could never die often enough to trip the limit, and was restarted
+            # forever instead of the supervisor giving up.
+            cap = self.death_window / (2 * self.max_deaths)
+            delay = min(cap, 0.25 * 2 ** (len(child.deaths) - 1))
+            child.restart_at = now + delay
+            log.warning(
+                "worker process %d exited with %s; restarting in %.1fs", child.slot, code, delay
+            )
+        return True
+
+    def _got_going(self, child: _Child) -> bool:
+        """Whether the child touched its liveness file since it was started (its loop ran)."""
+        try:
+            return child.liveness is not None and child.liveness.stat().st_mtime > child.spawn_mark
+        except OSError:
+            return False
+
+    def _stuck(self, child: _Child, now: float) -> bool:
+        if child.liveness is None or now - child.started < self.stuck_seconds:
+            return False
+        try:
+            age = time.time() - child.liveness.stat().st_mtime
+        except OSError:
+            return False
+        return age > self.stuck_seconds
+
+    def _stop_all(self) -> int:
+        live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_seconds + 5
+        code = 0
+        for proc in live:
+            remaining = max(deadline - time.monotonic(), 0.1)
+            try:
+                rc = proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                log.error("worker process pid %d did not stop in time; killing it", proc.pid)
+                proc.kill()
+                rc = proc.wait()
+            # -SIGTERM: the child was still starting and had no handler yet; it held no task.
+            if rc not in (0, -signal.SIGTERM):
+                code = 1
+        for path in self._dir.glob("*"):
+            path.unlink(missing_ok=True)
+        self._dir.rmdir()
+        return code
+
+
+def child_command(argv: list[str]) -> list[str]:
+    """The command line of one worker process: the same options, one process, marked as a child."""
+    return [sys.executable, "-m", "worker", *argv, "--processes", "1", "--child"]

@@ -1,0 +1,204 @@
+"""Where a task row changes state: the Python side of ``queries/tasks.sql``.
+
+Every function here runs one statement for a whole batch of tasks; none is called per task on the
+hot path. All of them fence on (worker id, attempt): a worker can only move rows it still owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+
+from ._sql import Queries
+
+# The cursor of a fresh scan: before any possible (-priority, run_at, id).
+_CURSOR_START: tuple[int, datetime, int] = (
+    -(10**9),
+    datetime(1, 1, 1, tzinfo=UTC),
+    0,
+)
+
+
+@dataclass(slots=True)
+class Claimed:
+    id: int
+    task: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    queue: str
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    claimed_at: datetime
+
+
+@dataclass(slots=True)
+class Failure:
+    id: int
+    attempt: int
+    delay: float
+    error: str
+    permanent: bool
+
+
+class ClaimCursor:
+    """Keyset position per queue: where the last claim of this worker stopped.
+
+    Starting each claim after the previous one keeps claims from walking dead index entries of rows
+    claimed earlier. Rows can appear behind the cursor (a higher priority, an earlier run_at, a
+    retry that came due, a rescued row), so the cursor goes back to the start every
+    ``reset_seconds`` and whenever a queue looks empty from where it stands.
+    """
+
+    def __init__(self, reset_seconds: float) -> None:
+        self.reset_seconds = reset_seconds
+        self._pos: dict[str, tuple[int, datetime, int]] = {}
+        self._since: dict[str, float] = {}
+
+    def position(self, queue: str, now: float) -> tuple[int, datetime, int]:
+        if now - self._since.get(queue, 0.0) >= self.reset_seconds:
+            self.reset(queue, now)
+        return self._pos.get(queue, _CURSOR_START)
+
+    def advance(self, queue: str, last: Claimed) -> None:
+        self._pos[queue] = (-last.priority, last.run_at, last.id)
+
+    def reset(self, queue: str, now: float) -> None:
+        self._pos.pop(queue, None)
+        self._since[queue] = now
+
+
+def claim(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    queue: str,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    cursor: tuple[int, datetime, int] = _CURSOR_START,
+) -> list[Claimed]:
+    """queued -> in_progress for up to ``limit`` due rows of ``queue``, in claim order."""
+    rows = conn.execute(
+        q["claim"],
+        {
+            "queue": queue,
+            "limit": limit,
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+            "cursor_priority": cursor[0],
+            "cursor_run_at": cursor[1],
+            "cursor_id": cursor[2],
+        },
+    ).fetchall()
+    claimed = [Claimed(*row) for row in rows]
+    # UPDATE ... RETURNING does not keep the CTE's order; the cursor and the dispatch need it.
+    claimed.sort(key=lambda c: (-c.priority, c.run_at, c.id))
+    return claimed
+
+
+def complete(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    worker_id: str,
+    done: Sequence[tuple[int, int]],
+    delete: bool = False,
+) -> set[int]:
+    """in_progress -> done (or deleted). Returns the ids that were still ours."""
+    if not done:
+        return set()
+    ids, attempts = zip(*done, strict=True)
+    rows = conn.execute(
+        q["complete_delete" if delete else "complete"],
+        {"ids": list(ids), "attempts": list(attempts), "worker_id": worker_id},
+    ).fetchall()
+    kept = {r[0] for r in rows}
+    if delete and len(kept) < len(ids):
+        # Cron rows are kept (their slot must stay taken); mark those done instead.
+        rest = [(i, a) for i, a in done if i not in kept]
+        kept |= complete(conn, q, worker_id=worker_id, done=rest, delete=False)
+    return kept
+
+
+def fail(
+    conn: psycopg.Connection, q: Queries, *, worker_id: str, failures: Sequence[Failure]
+) -> dict[int, str]:
+    """in_progress -> queued (later) or failed. Returns {id: new state} for rows still ours."""
+    if not failures:
+        return {}
+    rows = conn.execute(
+        q["retry"],
+        {
+            "ids": [f.id for f in failures],
+            "attempts": [f.attempt for f in failures],
+            "delays": [f.delay for f in failures],
+            "errors": [f.error for f in failures],
+            "permanent": [f.permanent for f in failures],
+            "worker_id": worker_id,
+        },
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def release(
+    conn: psycopg.Connection, q: Queries, *, worker_id: str, tasks: Sequence[tuple[int, int]]
+) -> set[int]:
+    """in_progress -> queued, attempt not counted: for tasks a stopping worker gives back."""
+    if not tasks:
+        return set()
+    ids, attempts = zip(*tasks, strict=True)
+    rows = conn.execute(
+        q["release"], {"ids": list(ids), "attempts": list(attempts), "worker_id": worker_id}
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def heartbeat(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    worker_id: str,
+    ids: Sequence[int],
+    lease_seconds: float,
+) -> set[int]:
+    """Renew leases; returns the ids still owned (the others were lost)."""
+    rows = conn.execute(
+        q["heartbeat"],
+        {"ids": list(ids), "worker_id": worker_id, "lease_seconds": lease_seconds},
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def rescue(
+    conn: psycopg.Connection, q: Queries, *, limit: int = 1000
+) -> list[tuple[int, str, str, str]]:
+    """Expired in_progress -> queued or failed. Returns (id, queue, task, new state) per row."""
+    return [tuple(r) for r in conn.execute(q["rescue"], {"limit": limit}).fetchall()]  # type: ignore[misc]
+
+
+def purge(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    done_seconds: float,
+    failed_seconds: float,
+    cron_keep_seconds: float,
+    limit: int = 5000,
+) -> int:
+    """Delete one batch of finished rows past retention; returns how many went."""
+    cur = conn.execute(
+        q["purge"],
+        {
+            "done_seconds": done_seconds,
+            "failed_seconds": failed_seconds,
+            "cron_keep_seconds": cron_keep_seconds,
+            "limit": limit,
+        },
+    )
+    return cur.rowcount
