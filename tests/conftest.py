@@ -1,0 +1,134 @@
+"""Shared fixtures: a real PostgreSQL (embedded unless WORKER_TEST_DSN is set), one fresh schema
+per test, and helpers to run workers in threads or as real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from worker._embedded import EmbeddedPostgres
+from worker._migrate import migrate
+from worker._registry import Registry
+from worker._worker import Worker, WorkerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The database every test uses. Without WORKER_TEST_DSN an embedded server is started for
+    the session (fsync off: the tests check behaviour, `worker bench` measures speed)."""
+    env = os.environ.get("WORKER_TEST_DSN")
+    if env:
+        yield env
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
+    dsn = server.start()
+    try:
+        yield dsn
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def conn(pg_dsn: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def schema(pg_dsn: str) -> Iterator[str]:
+    """A freshly migrated schema with a unique name, dropped afterwards: tests never share rows."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        migrate(c, name)
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; fail the test with a clear message otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def states(conn: psycopg.Connection, schema: str) -> dict[str, int]:
+    rows = conn.execute(f"SELECT state::text, count(*) FROM {schema}.tasks GROUP BY 1").fetchall()
+    return {s: n for s, n in rows}
+
+
+class ThreadWorker:
+    """A Worker running in a thread of the test process, for behaviour that needs no signals."""
+
+    def __init__(self, config: WorkerConfig, tasks: Registry, **kwargs: Any) -> None:
+        self.worker = Worker(config, tasks, **kwargs)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.exit_code: int | None = None
+
+    def _run(self) -> None:
+        self.exit_code = self.worker.run()
+
+    def __enter__(self) -> ThreadWorker:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.worker.stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker thread did not stop"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.thread.is_alive():
+            self.stop()
+
+
+@pytest.fixture
+def thread_worker(pg_dsn: str, schema: str) -> Callable[..., ThreadWorker]:
+    """Build a ThreadWorker on the test's schema: ``with thread_worker(registry, **config):``."""
+
+    def make(tasks: Registry, **overrides: Any) -> ThreadWorker:
+        defaults: dict[str, Any] = {"poll_interval": 0.2, "lease_seconds": 30.0}
+        defaults.update(overrides)
+        return ThreadWorker(WorkerConfig(dsn=pg_dsn, schema=schema, **defaults), tasks)
+
+    return make
+
+
+def worker_cli(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> list[str]:
+    """The argv of a real `worker` process (python -m worker), for subprocess tests."""
+    return [sys.executable, "-m", "worker", *args]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `worker ARGS...` to completion and capture its output."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), **(env or {})}
+    return subprocess.run(
+        worker_cli(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT
+    )
+
+
+def spawn_cli(
+    *args: str, env: dict[str, str] | None = None, **kwargs: Any
+) -> subprocess.Popen[str]:
+    """Start `worker ARGS...` in the background (tests/ is on PYTHONPATH for task modules)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), **(env or {})}
+    return subprocess.Popen(worker_cli(*args), env=full_env, cwd=ROOT, text=True, **kwargs)

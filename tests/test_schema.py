@@ -1,0 +1,199 @@
+"""Migrations and the plans of the hot statements on a large table."""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import run_cli
+
+from worker._errors import ConfigError, SchemaMissing
+from worker._migrate import current_version, latest_version, migrate, require_schema
+from worker._sql import parse_named, queries, render, validate_schema_name
+
+
+def test_migrate_is_idempotent_and_records_versions(conn: psycopg.Connection) -> None:
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    try:
+        first = migrate(conn, name)
+        assert first and first[0].startswith("0001_")
+        assert migrate(conn, name) == []
+        assert current_version(conn, name) == latest_version()
+        rows = conn.execute(f"SELECT version FROM {name}.schema_migrations ORDER BY 1").fetchall()
+        assert [r[0] for r in rows] == sorted({r[0] for r in rows})
+    finally:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def test_concurrent_migrate_from_many_processes(pg_dsn: str, conn: psycopg.Connection) -> None:
+    """Five `worker migrate` processes at once: all succeed, each migration applied once."""
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "worker", "migrate", "--dsn", pg_dsn, "--schema", name,
+                 "--json"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(5)
+        ]
+        outputs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 5, outputs
+        applied = [json.loads(out)["applied"] for out, _ in outputs]
+        # Exactly one process applied each migration; the others found nothing to do.
+        assert sorted(functools.reduce(operator.iadd, applied, [])) == sorted(
+            f"{v:04d}_{n}"
+            for v, n in conn.execute(f"SELECT version, name FROM {name}.schema_migrations")
+        )
+        assert sum(1 for a in applied if a) == 1
+    finally:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def test_require_schema_explains_what_to_do(conn: psycopg.Connection) -> None:
+    with pytest.raises(SchemaMissing, match="run `worker migrate`"):
+        require_schema(conn, "no_such_schema_here")
+
+
+@pytest.mark.parametrize("bad", ["", "Worker", "a-b", 'x"; drop table t; --', "1abc", "a" * 64])
+def test_bad_schema_names_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="invalid schema name"):
+        validate_schema_name(bad)
+
+
+def test_cli_rejects_bad_schema_name_in_one_line(pg_dsn: str) -> None:
+    r = run_cli("status", "--dsn", pg_dsn, "--schema", "bad;name")
+    assert r.returncode == 2
+    assert "invalid schema name" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_render_quotes_schema_and_keeps_other_braces(conn: psycopg.Connection) -> None:
+    text = render("SELECT '{}'::jsonb FROM {schema}.tasks", "abc").as_string(conn)
+    assert text == "SELECT '{}'::jsonb FROM \"abc\".tasks"
+
+
+def test_named_query_files_parse_without_duplicates() -> None:
+    parsed = parse_named("-- name: a\nSELECT 1;\n-- name: b\nSELECT 2;")
+    assert parsed == {"a": "SELECT 1", "b": "SELECT 2"}
+    with pytest.raises(ValueError, match="defined twice"):
+        parse_named("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
+
+
+# -- plans on a large table ------------------------------------------------------------------------
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes.extend(_plan_nodes(child))
+    return nodes
+
+
+def _explain(conn: psycopg.Connection, statement: Any, params: dict[str, Any]) -> list[dict]:
+    with conn.transaction(force_rollback=True):
+        text = statement.as_bytes(conn)
+        row = conn.execute(b"EXPLAIN (FORMAT JSON) " + text, params).fetchone()
+    assert row is not None
+    return _plan_nodes(row[0][0]["Plan"])
+
+
+@pytest.fixture
+def big_table(conn: psycopg.Connection, schema: str) -> str:
+    """60k finished rows, 20k queued in two queues, 2k running: enough for the planner to care."""
+    t = f"{schema}.tasks"
+    conn.execute(
+        f"INSERT INTO {t} (task, queue, state, finished_at, attempts)"
+        " SELECT 'old', 'default', 'done', now() - interval '2 hours', 1"
+        " FROM generate_series(1, 60000)"
+    )
+    conn.execute(
+        f"INSERT INTO {t} (task, queue, priority) SELECT 'new', CASE WHEN g % 2 = 0 THEN"
+        " 'default' ELSE 'other' END, g % 3 FROM generate_series(1, 20000) g"
+    )
+    conn.execute(
+        f"INSERT INTO {t} (task, state, attempts, worker_id, lease_expires_at)"
+        " SELECT 'running', 'in_progress', 1, gen_random_uuid(), now() + interval '30 s'"
+        " FROM generate_series(1, 2000)"
+    )
+    conn.execute(f"VACUUM ANALYZE {t}")
+    return schema
+
+
+def _no_seq_scan(nodes: list[dict[str, Any]]) -> None:
+    scans = [n for n in nodes if n["Node Type"] == "Seq Scan"]
+    assert not scans, f"sequential scan in plan: {scans}"
+
+
+def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_table: str) -> None:
+    q = queries(big_table)
+    nodes = _explain(
+        conn,
+        q["claim"],
+        {
+            "queue": "default",
+            "limit": 100,
+            "worker_id": str(uuid.uuid4()),
+            "lease_seconds": 30.0,
+            "cursor_priority": -(10**9),
+            "cursor_run_at": datetime(1, 1, 1, tzinfo=UTC),
+            "cursor_id": 0,
+        },
+    )
+    _no_seq_scan(nodes)
+    index_scans = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
+    assert "tasks_claim_idx" in index_scans
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], "claim must not sort"
+
+
+@pytest.mark.parametrize("name", ["complete", "complete_delete", "release", "heartbeat"])
+def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, name: str) -> None:
+    ids = [r[0] for r in conn.execute(f"SELECT id FROM {big_table}.tasks LIMIT 100")]
+    params = {"ids": ids, "attempts": [1] * len(ids), "worker_id": str(uuid.uuid4()),
+              "lease_seconds": 30.0}
+    nodes = _explain(conn, queries(big_table)[name], params)
+    _no_seq_scan(nodes)
+    # By primary key: a scan of the partial lease index walks every dead entry it holds.
+    used = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
+    assert used - {"workers_pkey"} == {"tasks_pkey"}, used
+
+
+def test_retry_rescue_purge_plans_use_no_table_scan(
+    conn: psycopg.Connection, big_table: str
+) -> None:
+    q = queries(big_table)
+    ids = [r[0] for r in conn.execute(f"SELECT id FROM {big_table}.tasks LIMIT 100")]
+    n = len(ids)
+    _no_seq_scan(
+        _explain(
+            conn,
+            q["retry"],
+            {
+                "ids": ids,
+                "attempts": [1] * n,
+                "delays": [1.0] * n,
+                "errors": ["x"] * n,
+                "permanent": [False] * n,
+                "worker_id": str(uuid.uuid4()),
+            },
+        )
+    )
+    _no_seq_scan(_explain(conn, q["rescue"], {"limit": 1000}))
+    _no_seq_scan(
+        _explain(
+            conn,
+            q["purge"],
+            {"done_seconds": 3600, "failed_seconds": 86400, "cron_keep_seconds": 86400,
+             "limit": 5000},
+        )
+    )

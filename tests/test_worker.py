@@ -1,0 +1,292 @@
+"""What a worker does with each task: run it, retry it, fail it, order it, and give it back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from conftest import states, wait_until
+
+import worker
+
+
+def _row(conn: psycopg.Connection, schema: str, task_id: int) -> dict[str, Any]:
+    cur = conn.execute(
+        f"SELECT state::text, attempts, last_error, run_at, finished_at FROM {schema}.tasks"
+        " WHERE id = %s",
+        (task_id,),
+    )
+    state, attempts, error, run_at, finished = cur.fetchone()
+    return {"state": state, "attempts": attempts, "error": error, "run_at": run_at,
+            "finished": finished}
+
+
+def test_sync_and_async_handlers_get_payload_and_context(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    seen: dict[str, Any] = {}
+    reg = worker.Registry()
+
+    @reg.task("plain")
+    def plain(payload: dict) -> None:
+        seen["plain"] = payload
+
+    @reg.task("with_ctx")
+    def with_ctx(payload: dict, ctx: worker.Context) -> None:
+        seen["ctx"] = (ctx.task_id, ctx.attempt, ctx.task, ctx.queue)
+
+    @reg.task("coro")
+    async def coro(payload: dict) -> None:
+        await asyncio.sleep(0.01)
+        seen["coro"] = payload
+
+    a = worker.enqueue(conn, "plain", {"a": 1}, schema=schema)
+    b = worker.enqueue(conn, "with_ctx", {}, schema=schema)
+    worker.enqueue(conn, "coro", [1, 2], schema=schema)
+    with thread_worker(reg):
+        wait_until(lambda: states(conn, schema) == {"done": 3})
+    assert seen == {"plain": {"a": 1}, "ctx": (b, 1, "with_ctx", "default"), "coro": [1, 2]}
+    assert a != b
+
+
+def test_failing_handler_is_retried_with_backoff_then_failed(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    attempts: list[float] = []
+    reg = worker.Registry()
+
+    @reg.task("flaky", retry_backoff=0.4)
+    def flaky(payload: dict) -> None:
+        attempts.append(time.monotonic())
+        raise ValueError("remote said no")
+
+    task_id = worker.enqueue(conn, "flaky", {}, max_attempts=3, schema=schema)
+    with thread_worker(reg, poll_interval=0.05):
+        wait_until(lambda: _row(conn, schema, task_id)["state"] == "failed", timeout=30)
+    row = _row(conn, schema, task_id)
+    assert row["attempts"] == 3 and len(attempts) == 3
+    assert row["error"].startswith("ValueError: remote said no")
+    assert "raise ValueError" in row["error"]  # the traceback tail points at the line
+    assert row["finished"] is not None
+    # Exponential backoff with jitter in [d/2, d]: d = 0.4 s then 0.8 s.
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps
+
+
+def test_retry_moves_run_at_into_the_future(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    reg = worker.Registry()
+    reg.task("fails_once", retry_backoff=60)(lambda p: (_ for _ in ()).throw(KeyError("k")))
+    task_id = worker.enqueue(conn, "fails_once", {}, schema=schema)
+    with thread_worker(reg):
+        wait_until(lambda: _row(conn, schema, task_id)["attempts"] == 1
+                   and _row(conn, schema, task_id)["state"] == "queued")
+    row = _row(conn, schema, task_id)
+    delay = (row["run_at"] - datetime.now(UTC)).total_seconds()
+    assert 25 < delay <= 60, delay
+    assert row["error"].startswith("KeyError")
+
+
+def test_do_not_retry_fails_at_once(conn: psycopg.Connection, schema: str, thread_worker) -> None:
+    reg = worker.Registry()
+
+    @reg.task("validate")
+    def validate(payload: dict) -> None:
+        if "email" not in payload:
+            raise worker.DoNotRetry("payload has no 'email'")
+
+    bad = worker.enqueue(conn, "validate", {"name": "x"}, schema=schema)
+    good = worker.enqueue(conn, "validate", {"email": "a@b"}, schema=schema)
+    with thread_worker(reg):
+        wait_until(lambda: states(conn, schema) == {"failed": 1, "done": 1})
+    row = _row(conn, schema, bad)
+    assert row["attempts"] == 1
+    assert row["error"].startswith("DoNotRetry: payload has no 'email'")
+    assert _row(conn, schema, good)["state"] == "done"
+
+
+def test_unknown_task_name_is_retried_then_failed_with_a_clear_error(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    reg = worker.Registry()
+    reg.task("known")(lambda p: None)
+    task_id = worker.enqueue(conn, "no_such_task", {}, max_attempts=1, schema=schema)
+    with thread_worker(reg):
+        wait_until(lambda: _row(conn, schema, task_id)["state"] == "failed")
+    error = _row(conn, schema, task_id)["error"]
+    assert "no handler named 'no_such_task'" in error and "known" in error
+
+
+def test_handler_past_its_timeout_is_abandoned_and_retried(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    release = threading.Event()
+    reg = worker.Registry()
+
+    @reg.task("hangs", timeout=0.3, retry_backoff=0)
+    def hangs(payload: dict) -> None:
+        release.wait(10)
+
+    @reg.task("async_hangs", timeout=0.3, retry_backoff=0)
+    async def async_hangs(payload: dict) -> None:
+        await asyncio.sleep(10)
+
+    a = worker.enqueue(conn, "hangs", {}, max_attempts=2, schema=schema)
+    b = worker.enqueue(conn, "async_hangs", {}, max_attempts=2, schema=schema)
+    try:
+        with thread_worker(reg, concurrency=4):
+            wait_until(lambda: states(conn, schema) == {"failed": 2}, timeout=20)
+    finally:
+        release.set()
+    for task_id in (a, b):
+        row = _row(conn, schema, task_id)
+        assert row["attempts"] == 2
+        assert "TimeoutError" in row["error"] and "0.3s" in row["error"]
+
+
+def test_handler_exceptions_never_kill_the_worker(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    reg = worker.Registry()
+
+    @reg.task("exits")
+    def exits(payload: dict) -> None:
+        raise SystemExit(3)
+
+    @reg.task("wrong_shape")
+    def wrong_shape(payload: dict) -> None:
+        payload["needed"]  # the payload is a list: TypeError
+
+    @reg.task("fine")
+    def fine(payload: dict) -> None:
+        pass
+
+    worker.enqueue(conn, "exits", {}, max_attempts=1, schema=schema)
+    worker.enqueue(conn, "wrong_shape", [1], max_attempts=1, schema=schema)
+    with thread_worker(reg) as tw:
+        wait_until(lambda: states(conn, schema) == {"failed": 2})
+        worker.enqueue(conn, "fine", {}, schema=schema)
+        wait_until(lambda: states(conn, schema).get("done") == 1)
+        assert tw.thread.is_alive()
+    errors = [r[0] for r in conn.execute(f"SELECT last_error FROM {schema}.tasks"
+                                         " WHERE state = 'failed' ORDER BY id")]
+    assert errors[0].startswith("SystemExit: 3")
+    assert errors[1].startswith("TypeError")
+
+
+def test_priority_then_run_at_order(conn: psycopg.Connection, schema: str, thread_worker) -> None:
+    order: list[str] = []
+    reg = worker.Registry()
+    reg.task("o")(lambda p: order.append(p["name"]))
+    now = datetime.now(UTC)
+    # Enqueued out of order on purpose.
+    for name, priority, age in [("low-old", 0, 30), ("high-new", 5, 1), ("mid", 2, 10),
+                                ("high-old", 5, 20), ("low-new", 0, 2), ("neg", -3, 100)]:
+        worker.enqueue(conn, "o", {"name": name}, priority=priority,
+                       run_at=now - timedelta(seconds=age), schema=schema)
+    with thread_worker(reg, concurrency=1, batch_size=1):
+        wait_until(lambda: len(order) == 6)
+    assert order == ["high-old", "high-new", "mid", "low-old", "low-new", "neg"]
+
+
+def test_delayed_task_waits_for_run_at(conn: psycopg.Connection, schema: str,
+                                       thread_worker) -> None:
+    ran: list[float] = []
+    reg = worker.Registry()
+    reg.task("later")(lambda p: ran.append(time.time()))
+    start = time.time()
+    worker.enqueue(conn, "later", {}, delay=1.5, schema=schema)
+    with thread_worker(reg, poll_interval=0.1):
+        wait_until(lambda: ran, timeout=15)
+    assert ran[0] - start >= 1.4
+
+
+def test_idle_worker_wakes_on_notify_not_on_poll(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """With a 60 s poll interval only LISTEN/NOTIFY can explain a prompt start."""
+    ran = threading.Event()
+    reg = worker.Registry()
+    reg.task("ping")(lambda p: ran.set())
+    with thread_worker(reg, poll_interval=60):
+        time.sleep(1.0)  # let it go idle and LISTEN
+        conn.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('ping')")
+        assert ran.wait(10), "idle worker did not wake up on NOTIFY"
+
+
+def test_stop_hands_back_unfinished_tasks_without_counting_the_attempt(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    started = threading.Event()
+    reg = worker.Registry()
+
+    @reg.task("long")
+    def long(payload: dict) -> None:
+        started.set()
+        time.sleep(5)
+
+    @reg.task("short")
+    def short(payload: dict) -> None:
+        time.sleep(0.2)
+
+    a = worker.enqueue(conn, "long", {}, schema=schema)
+    b = worker.enqueue(conn, "short", {}, schema=schema)
+    tw = thread_worker(reg, grace_seconds=1.0)
+    with tw:
+        assert started.wait(10)
+        tw.stop()
+    assert _row(conn, schema, b)["state"] == "done"
+    row = _row(conn, schema, a)
+    assert row["state"] == "queued" and row["attempts"] == 0
+    assert states(conn, schema) == {"queued": 1, "done": 1}
+    workers = conn.execute(f"SELECT stopped_at IS NOT NULL FROM {schema}.workers").fetchall()
+    assert workers == [(True,)]
+
+
+def test_keep_done_zero_deletes_rows_on_completion(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    reg = worker.Registry()
+    reg.task("gone")(lambda p: None)
+    worker.enqueue_many(conn, "gone", [{}] * 50, schema=schema)
+    with thread_worker(reg, keep_done_seconds=0):
+        wait_until(lambda: states(conn, schema) == {})
+
+
+def test_purge_deletes_finished_rows_past_retention(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    t = f"{schema}.tasks"
+    conn.execute(f"INSERT INTO {t} (task, state, finished_at) SELECT 'x', 'done',"
+                 " now() - interval '2 hours' FROM generate_series(1, 7000)")
+    conn.execute(f"INSERT INTO {t} (task, state, finished_at) VALUES"
+                 " ('recent', 'done', now()), ('oldfail', 'failed', now() - interval '2 hours')")
+    reg = worker.Registry()
+    with thread_worker(reg, keep_done_seconds=3600, purge_interval=0.1):
+        wait_until(lambda: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 2)
+    left = {r[0] for r in conn.execute(f"SELECT task FROM {t}")}
+    assert left == {"recent", "oldfail"}  # failed rows are kept for keep_failed (7 days)
+
+
+def test_many_tasks_each_run_exactly_once_in_one_process(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    counts: dict[int, int] = {}
+    lock = threading.Lock()
+    reg = worker.Registry()
+
+    @reg.task("count")
+    def count(payload: dict) -> None:
+        with lock:
+            counts[payload["i"]] = counts.get(payload["i"], 0) + 1
+
+    worker.enqueue_many(conn, "count", ({"i": i} for i in range(5000)), schema=schema)
+    with thread_worker(reg, concurrency=16, batch_size=50):
+        wait_until(lambda: states(conn, schema) == {"done": 5000}, timeout=60)
+    assert len(counts) == 5000 and set(counts.values()) == {1}
