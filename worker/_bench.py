@@ -42,11 +42,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3600.0,
         help="worker's --keep-done (0 deletes rows on completion)",
     )
-    p.add_argument("--finished", type=int, default=0,
-                   help="finished rows to put in the table before each drain (large-table test)")
-    p.add_argument("--hold-xact", action="store_true",
-                   help="keep another session's transaction open during the drains, as a "
-                   "forgotten psql session would: vacuum then cannot remove dead rows")
+    p.add_argument(
+        "--finished",
+        type=int,
+        default=0,
+        help="finished rows to put in the table before each drain (large-table test)",
+    )
+    p.add_argument(
+        "--hold-xact",
+        action="store_true",
+        help="keep another session's transaction open during the drains, as a "
+        "forgotten psql session would: vacuum then cannot remove dead rows",
+    )
 
 
 def _reset(conn: psycopg.Connection) -> None:

@@ -27,8 +27,21 @@ def main(args: argparse.Namespace) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn, schema)
         pool = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", "worker._demo_tasks", "--dsn", dsn,
-             "--schema", schema, "--processes", str(args.processes), "--log-level", "WARNING"]
+            [
+                sys.executable,
+                "-m",
+                "worker",
+                "run",
+                "worker._demo_tasks",
+                "--dsn",
+                dsn,
+                "--schema",
+                schema,
+                "--processes",
+                str(args.processes),
+                "--log-level",
+                "WARNING",
+            ]
         )
         try:
             return _produce_and_watch(conn, schema, args.tasks, pool)
@@ -45,11 +58,18 @@ def _produce_and_watch(
     images = int(n * 0.9)
     enqueue_many(conn, "demo.resize_image", ({"image": i} for i in range(images)), schema=schema)
     for i in range(n - images - 1):
-        enqueue(conn, "demo.send_email", {"to": f"user{i}@example.com", "flaky": i % 10 == 0},
-                dedupe_key=f"welcome-{i}", schema=schema)
+        enqueue(
+            conn,
+            "demo.send_email",
+            {"to": f"user{i}@example.com", "flaky": i % 10 == 0},
+            dedupe_key=f"welcome-{i}",
+            schema=schema,
+        )
     enqueue(conn, "demo.send_email", {"to": "not-an-address"}, schema=schema)
-    print(f"demo: enqueued {n} tasks ({images} by COPY, the rest one by one with dedupe keys);"
-          " one has a bad address and will fail for good")
+    print(
+        f"demo: enqueued {n} tasks ({images} by COPY, the rest one by one with dedupe keys);"
+        " one has a bad address and will fail for good"
+    )
     while True:
         time.sleep(1)
         if pool.poll() is not None:
@@ -60,8 +80,11 @@ def _produce_and_watch(
         for q in st.queues:
             for state, count in q.counts.items():
                 totals[state] = totals.get(state, 0) + count
-        print("demo: " + ", ".join(f"{k} {v}" for k, v in totals.items() if v)
-              + f" ({len(st.workers)} workers)")
+        print(
+            "demo: "
+            + ", ".join(f"{k} {v}" for k, v in totals.items() if v)
+            + f" ({len(st.workers)} workers)"
+        )
         if totals.get("queued", 0) + totals.get("in_progress", 0) == 0:
             break
         if time.monotonic() - start > 300:
@@ -69,7 +92,9 @@ def _produce_and_watch(
             return 1
     for f in st.failed:
         print(f"demo: failed task #{f['id']} {f['task']}: {f['last_error'].splitlines()[0]}")
-    print(f"demo: all {n} tasks settled in {time.monotonic() - start:.1f}s. Try `worker status "
-          f"--schema {schema}` or enqueue more with `worker enqueue demo.send_email --payload "
-          f"'{{\"to\": \"you@example.com\"}}' --schema {schema}`.")
+    print(
+        f"demo: all {n} tasks settled in {time.monotonic() - start:.1f}s. Try `worker status "
+        f"--schema {schema}` or enqueue more with `worker enqueue demo.send_email --payload "
+        f'\'{{"to": "you@example.com"}}\' --schema {schema}`.'
+    )
     return 0

@@ -79,8 +79,9 @@ def enqueue(
     schema: str = "worker",
 ) -> int:
     """Enqueue one task and return its id (the existing task's id when ``dedupe_key`` matches)."""
-    params = _enqueue_params(task, payload, queue, run_at, delay, priority, max_attempts,
-                             dedupe_key)
+    params = _enqueue_params(
+        task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key
+    )
     with borrow(target) as conn:
         row = conn.execute(queries(schema)["enqueue"], params).fetchone()
     assert row is not None
@@ -101,8 +102,9 @@ async def enqueue_async(
     schema: str = "worker",
 ) -> int:
     """``enqueue`` for asyncio applications: same statement, same transaction rules."""
-    params = _enqueue_params(task, payload, queue, run_at, delay, priority, max_attempts,
-                             dedupe_key)
+    params = _enqueue_params(
+        task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key
+    )
     if isinstance(target, AsyncConnectionPool):
         async with target.connection() as conn:
             cur = await conn.execute(queries(schema)["enqueue"], params)
