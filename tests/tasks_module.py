@@ -49,6 +49,11 @@ def slow(payload: dict[str, Any], ctx: worker.Context) -> None:
     _record(ctx, started)
 
 
+@worker.task("noop")
+def noop(payload: dict[str, Any]) -> None:
+    """As cheap as a task gets: the worker spends its time claiming and acknowledging."""
+
+
 @worker.task("boom", max_attempts=2, retry_backoff=0.1)
 def boom(payload: dict[str, Any]) -> None:
     raise ValueError(f"boom {payload}")

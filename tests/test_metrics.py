@@ -430,6 +430,93 @@ def test_supervisor_aggregates_children_and_keeps_counts_of_a_killed_one(
     assert proc.wait(timeout=60) == 0
 
 
+def test_task_counts_stay_exact_through_repeated_sigkills(
+    pg_dsn: str,
+    schema: str,
+    conn: psycopg.Connection,
+    metrics_env: dict[str, str],
+    stop_procs: list[subprocess.Popen[str]],
+) -> None:
+    """Children of a busy pool are SIGKILLed again and again while they claim and acknowledge
+    small batches as fast as they can, so kills land between a COMMIT and the counting of what
+    it committed. The counts must still equal the table exactly: claims (and the claim latency
+    and batch size histograms) against attempts made, completions against done rows, failures
+    against failed rows."""
+    n_ok, n_boom = 6000, 300
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task) SELECT 'noop' FROM generate_series(1, %s)", (n_ok,)
+    )
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, max_attempts) SELECT 'boom', 2"
+        " FROM generate_series(1, %s)",
+        (n_boom,),
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    proc = spawn_cli(
+        "run",
+        "tasks_module",
+        "--processes",
+        "2",
+        "--concurrency",
+        "2",
+        "--batch-size",
+        "2",
+        "--lease",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        "--log-level",
+        "WARNING",
+        env=metrics_env,
+    )
+    stop_procs.append(proc)
+    kills = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        s = states(conn, schema)
+        if s.get("done", 0) + s.get("failed", 0) == n_ok + n_boom:
+            break
+        pids = child_pids(conn, schema, proc.pid)
+        if kills < 25 and pids and s.get("queued", 0) > 500:
+            os.kill(pids[kills % len(pids)], signal.SIGKILL)
+            kills += 1
+        time.sleep(0.25)
+    s = states(conn, schema)
+    assert s.get("done") == n_ok and s.get("failed") == n_boom, s
+    assert kills >= 10, f"only {kills} kills landed; the run was too short to test anything"
+    wait_until(lambda: len(child_pids(conn, schema, proc.pid)) == 2, timeout=30)
+
+    done, failed, attempts = conn.execute(
+        f"SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'failed'),"
+        f" sum(attempts) FROM {schema}.tasks"
+    ).fetchone()
+
+    def counted(m: dict) -> tuple[float, ...]:
+        return (
+            total(m, "worker_tasks_completed_total"),
+            total(m, "worker_tasks_failed_total"),
+            total(m, "worker_tasks_claimed_total"),
+            total(m, "worker_task_latency_seconds_count"),
+            total(m, "worker_claim_batch_size_sum"),
+        )
+
+    want = (done, failed, attempts, attempts, attempts)
+    try:
+        wait_until(lambda: counted(scrape(url)) == want, timeout=30, interval=0.3)
+    except AssertionError:
+        raise AssertionError(
+            f"after {kills} kills: (completed, failed, claimed, latency count, batch sum) = "
+            f"{counted(scrape(url))}, the table says {want}"
+        ) from None
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+
 def test_single_process_serves_its_own_metrics(
     pg_dsn: str,
     schema: str,

@@ -149,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             burst=args.burst,
         )
         metrics = _start_metrics(args, dsn)
+        if metrics is not None:
+            sup.on_child_exit = metrics.child_exited
         try:
             return sup.run()
         finally:
@@ -550,9 +552,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between polls when no NOTIFY arrives (default 1)",
     )
     p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
-    p.add_argument("--pgbouncer", action="store_true",
-                   help="--dsn goes through PgBouncer in transaction mode: no prepared "
-                   "statements, and LISTEN only through --listen-dsn")
+    p.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="--dsn goes through PgBouncer in transaction mode: no prepared "
+        "statements, and LISTEN only through --listen-dsn",
+    )
     p.add_argument(
         "--listen-dsn",
         default=os.environ.get("WORKER_LISTEN_DSN"),

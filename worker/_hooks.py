@@ -1,7 +1,13 @@
 """Observation points of a worker. Metrics subclass this; the default does nothing.
 
 The worker calls these on its main thread (``finished`` and ``acked`` included), once per batch
-where the event is per batch, so an observer adds no database work and no locking to the hot path.
+where the event is per batch, so an observer adds no locking to the hot path.
+
+Events that a database transaction makes true (``claimed``, ``acked``, ``rescued``) are reported
+inside that transaction, between ``begin`` and ``commit``/``rollback``, with ``prepare`` called
+last before COMMIT. An observer that must count exactly what the database committed, even when
+its process is killed at the worst moment, buffers them and acts in those three calls (see
+``_metrics``); the default observer ignores them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,18 @@ if TYPE_CHECKING:
 class Hooks:
     def started(self, worker: Any) -> None:
         pass
+
+    def begin(self) -> None:
+        """A transaction starts; its events follow."""
+
+    def prepare(self, worker: Any, conn: Any) -> None:
+        """Its statements succeeded; COMMIT is next. May run a statement in the transaction."""
+
+    def commit(self) -> None:
+        """It committed: its events are facts now."""
+
+    def rollback(self) -> None:
+        """It failed: forget its events (the rows they describe did not change)."""
 
     def stopped(self, worker: Any) -> None:
         pass

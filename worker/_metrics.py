@@ -15,20 +15,39 @@ Two kinds of numbers, from two places:
 
 Hooks run on the worker's main thread once per batch, so they aggregate per batch: a batch of a
 hundred tasks of one kind costs a few counter increments, not a few hundred.
+
+Counts a child loses to SIGKILL. A worker counts a claim or an acknowledgement after its
+transaction commits, so a child killed between the COMMIT and the counting would lose those
+counts. Under a supervisor each child therefore keeps a journal: before COMMIT it writes the
+transaction id and the totals the transaction will bring its task counters to (one small file,
+replaced atomically); when a child dies, the supervisor asks the database whether that
+transaction committed and, if it did, adds whatever the dead child's counter file is short of.
+The task counters (claimed, completed, retried, failed, rescued) are exact that way; histograms
+and the other counters may miss the last batch of a killed child.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._hooks import Hooks, subscribe
+from ._journal import (
+    Journal,
+    Sample,
+    counter_samples,
+    histogram_samples,
+    journal_path,
+    settle,
+)
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -36,6 +55,8 @@ if TYPE_CHECKING:
     from ._registry import TaskDef
     from ._transitions import Claimed
     from ._web import Database, WebServer
+
+log = logging.getLogger("worker.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 TTL_ENV = "WORKER_METRICS_TTL"
@@ -239,10 +260,11 @@ def _observe_many(child: Any, values: list[float]) -> None:
 class _Children:
     """``metric.labels(...)`` looked up once per label set: the lookup takes a lock."""
 
-    __slots__ = ("_cache", "_metric")
+    __slots__ = ("_cache", "_metric", "name")
 
-    def __init__(self, metric: Any) -> None:
+    def __init__(self, metric: Any, name: str = "") -> None:
         self._metric = metric
+        self.name = name  # the sample name, for the journal
         self._cache: dict[tuple[str, ...], Any] = {}
 
     def __call__(self, key: tuple[str, ...]) -> Any:
@@ -255,20 +277,36 @@ class _Children:
 # -- the hooks -------------------------------------------------------------------------------------
 
 
+class _Txn:
+    """What one transaction's events will change, held until it commits or rolls back."""
+
+    __slots__ = ("on_commit", "on_rollback", "samples")
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[Sample, float]] = []
+        self.on_commit: list[Callable[[], None]] = []
+        self.on_rollback: list[Callable[[], None]] = []
+
+
 class MetricsHooks(Hooks):
     """Counts a worker's work. One instance per Worker; all calls come from its main thread."""
 
     def __init__(self) -> None:
         m = self.m = instruments()
-        self._claimed = _Children(m.claimed)
-        self._completed = _Children(m.completed)
-        self._retried = _Children(m.retried)
-        self._failed = _Children(m.failed)
-        self._rescued = _Children(m.rescued)
+        self._claimed = _Children(m.claimed, "worker_tasks_claimed")
+        self._completed = _Children(m.completed, "worker_tasks_completed")
+        self._retried = _Children(m.retried, "worker_tasks_retried")
+        self._failed = _Children(m.failed, "worker_tasks_failed")
+        self._rescued = _Children(m.rescued, "worker_tasks_rescued")
         self._lost = _Children(m.lost)
         self._duration = _Children(m.duration)
-        self._latency = _Children(m.latency)
-        self._batch = _Children(m.batch)
+        self._latency = _Children(m.latency, "worker_task_latency_seconds")
+        self._batch = _Children(m.batch, "worker_claim_batch_size")
+        # Under a supervisor only (see _journal): a process on its own loses all its counts when
+        # it dies anyway.
+        directory = os.environ.get(MULTIPROC_ENV)
+        self._journal = Journal(directory, os.getpid()) if directory else None
+        self._tx: _Txn | None = None
         # id -> (queue, task) of every row claimed and not yet acknowledged: acks carry ids only.
         self._labels: dict[int, tuple[str, str]] = {}
         self._durations: dict[tuple[str, str], list[float]] = {}
@@ -295,6 +333,63 @@ class MetricsHooks(Hooks):
             self._running = False
             self.m.processes.dec()
 
+    # transactions (see _hooks.Hooks.begin)
+
+    def begin(self) -> None:
+        self._tx = _Txn()
+
+    def prepare(self, worker: Any, conn: Any) -> None:
+        tx = self._tx
+        if tx is None or not tx.samples or self._journal is None:
+            return
+        xid = conn.execute(worker.q["metrics_current_xact_id"]).fetchone()[0]
+        try:
+            self._journal.write(xid, tx.samples)
+        except OSError as exc:
+            # Metrics must never stop the work: count on, without the guarantee across kills.
+            log.warning("metrics journal unavailable (%s); counts may miss killed batches", exc)
+            self._journal = None
+
+    def commit(self) -> None:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        for action in tx.on_commit:
+            action()
+        if self._journal is not None:
+            self._journal.add(tx.samples)
+        self.m.in_flight.set(len(self._labels))
+
+    def rollback(self) -> None:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        for action in reversed(tx.on_rollback):
+            action()
+        self.m.in_flight.set(len(self._labels))
+
+    def _count(self, action: Callable[[], None], samples: list[tuple[Sample, float]]) -> None:
+        """Apply ``action`` now, or when the open transaction commits; ``samples`` say what it
+        adds to the journaled metrics."""
+        if self._tx is not None:
+            self._tx.on_commit.append(action)
+            self._tx.samples.extend(samples)
+            return
+        action()
+        if self._journal is not None:
+            self._journal.add(samples)
+
+    def _inc(self, children: _Children, key: tuple[str, ...], n: float) -> None:
+        samples = counter_samples(children.name, key, n) if self._journal is not None else []
+        self._count(partial(children(key).inc, n), samples)
+
+    def _observe(self, children: _Children, key: tuple[str, ...], values: list[float]) -> None:
+        child = children(key)
+        samples = []
+        if self._journal is not None:
+            samples = histogram_samples(children.name, key, child._upper_bounds, values)
+        self._count(partial(_observe_many, child, values), samples)
+
     # the hot path
 
     def claimed(self, worker: Any, rows: list[Claimed]) -> None:
@@ -315,9 +410,12 @@ class MetricsHooks(Hooks):
             else:
                 bucket.append(wait if wait > 0 else 0.0)
         for key, values in latencies.items():
-            self._claimed(key).inc(len(values))
-            _observe_many(self._latency(key), values)
-        self._batch((rows[0].queue,)).observe(len(rows))
+            self._inc(self._claimed, key, len(values))
+            self._observe(self._latency, key, values)
+        self._observe(self._batch, (rows[0].queue,), [float(len(rows))])
+        if self._tx is not None:
+            ids = [r.id for r in rows]
+            self._tx.on_rollback.append(lambda: [labels.pop(i, None) for i in ids])
         if len(labels) > self._limit:
             self._trim()
         self.m.in_flight.set(len(labels))
@@ -334,7 +432,17 @@ class MetricsHooks(Hooks):
 
     def acked(self, worker: Any, kind: str, ids: Iterable[Any] | Mapping[int, str]) -> None:
         self._recovered()
-        pop = self._labels.pop
+        labels = self._labels
+        popped: dict[int, tuple[str, str]] = {}
+
+        def pop(task_id: int, default: None) -> tuple[str, str] | None:
+            key = labels.pop(task_id, default)
+            if key is not None:
+                popped[task_id] = key
+            return key
+
+        if self._tx is not None:
+            self._tx.on_rollback.append(lambda: labels.update(popped))
         if kind == "failed" and isinstance(ids, Mapping):
             retried: dict[tuple[str, str], int] = {}
             failed: dict[tuple[str, str], int] = {}
@@ -344,9 +452,9 @@ class MetricsHooks(Hooks):
                     target = failed if state == "failed" else retried
                     target[key] = target.get(key, 0) + 1
             for key, n in retried.items():
-                self._retried(key).inc(n)
+                self._inc(self._retried, key, n)
             for key, n in failed.items():
-                self._failed(key).inc(n)
+                self._inc(self._failed, key, n)
         else:
             done: dict[tuple[str, str], int] = {}
             for task_id in ids:
@@ -354,7 +462,7 @@ class MetricsHooks(Hooks):
                 if key is not None:
                     done[key] = done.get(key, 0) + 1
             for key, n in done.items():
-                self._completed(key).inc(n)
+                self._inc(self._completed, key, n)
         self._flush_durations()
         self.m.in_flight.set(len(self._labels))
 
@@ -376,9 +484,9 @@ class MetricsHooks(Hooks):
             if state == "failed":
                 failed[key] = failed.get(key, 0) + 1
         for key, n in rescued.items():
-            self._rescued(key).inc(n)
+            self._inc(self._rescued, key, n)
         for key, n in failed.items():
-            self._failed(key).inc(n)
+            self._inc(self._failed, key, n)
 
     def db_error(self, worker: Any, exc: BaseException) -> None:
         self.m.db_errors.inc()
@@ -439,11 +547,10 @@ def prepare_multiprocess_dir() -> str:
     return path
 
 
-def child_exited(pid: int) -> None:
-    """The supervisor calls this when a child dies or is killed: drop its live gauges (tasks in
-    flight, processes) and keep its counters and histograms, so nothing it counted is lost."""
-    path = os.environ.get(MULTIPROC_ENV)
-    if not path or not os.path.isdir(path):
+def child_exited(pid: int, path: str) -> None:
+    """A child died or was killed: drop its live gauges (tasks in flight, processes) and keep its
+    counters and histograms, so nothing it counted is lost."""
+    if not os.path.isdir(path):
         return
     with contextlib.suppress(Exception):
         from prometheus_client import multiprocess
@@ -572,11 +679,34 @@ class MetricsServer:
         db: Database,
         multiprocess_dir: str | None,
         previous_env: str | None = None,
+        *,
+        dsn: str = "",
+        schema: str = "worker",
     ) -> None:
         self.web = web
         self.db = db
         self.multiprocess_dir = multiprocess_dir
         self._previous_env = previous_env
+        self._dsn = dsn
+        self._schema = schema
+
+    def child_exited(self, pid: int) -> None:
+        """The supervisor's callback for a child that is gone, however it went: drop its live
+        gauges now, and settle its journal in the background (that may wait for the database)."""
+        path = self.multiprocess_dir
+        if not path:
+            return
+        child_exited(pid, path)
+        if os.path.exists(journal_path(path, pid)):
+            threading.Thread(
+                target=self._settle, args=(pid, path), name=f"settle-{pid}", daemon=True
+            ).start()
+
+    def _settle(self, pid: int, path: str) -> None:
+        try:
+            settle(pid, path, self._dsn, self._schema)
+        except Exception:
+            log.exception("could not settle the metrics of worker pid %d", pid)
 
     @property
     def port(self) -> int:
@@ -630,7 +760,7 @@ def serve(
             shutil.rmtree(path, ignore_errors=True)
             _restore_env(previous)
         raise
-    return MetricsServer(web, db, path, previous)
+    return MetricsServer(web, db, path, previous, dsn=dsn, schema=schema)
 
 
 def _restore_env(previous: str | None) -> None:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class Supervisor:
         self._stopping = False
         self._signals = 0
         self._dir = Path(tempfile.mkdtemp(prefix="worker-liveness-"))
+        self.on_child_exit: Callable[[int], None] | None = None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
@@ -135,10 +137,8 @@ class Supervisor:
                 else:
                     continue
             child.proc = None
-            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-                from ._metrics import child_exited
-
-                child_exited(proc.pid)  # its live gauges go; its counts stay in the total
+            if self.on_child_exit is not None:
+                self.on_child_exit(proc.pid)  # metrics: its live gauges go, its counts stay
             if self._got_going(child):
                 # It reached its main loop before dying (an OOM kill, a crashed handler, a stuck
                 # loop killed above): not a crash loop, so restart at once and count afresh.

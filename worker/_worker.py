@@ -9,6 +9,7 @@ two acknowledgements per batch, never a query per task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue as queue_mod
@@ -18,7 +19,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,10 +243,14 @@ class Worker:
             try:
                 now = time.monotonic()
                 ready = self._ready_to_claim() and not self._stop.is_set()
-                if pending and not ready and (
-                    not self._in_flight
-                    or len(pending) >= cfg.batch_size
-                    or now - pending.since >= _MAX_ACK_DELAY
+                if (
+                    pending
+                    and not ready
+                    and (
+                        not self._in_flight
+                        or len(pending) >= cfg.batch_size
+                        or now - pending.since >= _MAX_ACK_DELAY
+                    )
                 ):
                     self._flush(pending)
                 if now >= next_heartbeat:
@@ -375,13 +380,27 @@ class Worker:
         if not pending:
             return
         assert self.pool is not None
-        with self.pool.connection() as conn, conn.transaction():
+        with self.pool.connection() as conn, self._counted(conn):
             acked = self._ack(conn, pending)
+            self._report_acked(pending, *acked)
         self._acked(pending, *acked)
 
-    def _ack(
-        self, conn: psycopg.Connection, pending: _Pending
-    ) -> tuple[set[int], dict[int, str]]:
+    @contextlib.contextmanager
+    def _counted(self, conn: psycopg.Connection) -> Iterator[None]:
+        """A transaction whose events the hooks hear inside it, so that an observer can tie what
+        it counts to the commit (see _hooks.Hooks.begin)."""
+        hooks = self.hooks
+        hooks.begin()
+        try:
+            with conn.transaction():
+                yield
+                hooks.prepare(self, conn)
+        except BaseException:
+            hooks.rollback()
+            raise
+        hooks.commit()
+
+    def _ack(self, conn: psycopg.Connection, pending: _Pending) -> tuple[set[int], dict[int, str]]:
         """Run the acknowledgement statements; the caller commits, then calls ``_acked``."""
         kept: set[int] = set()
         states: dict[int, str] = {}
@@ -392,12 +411,18 @@ class Worker:
             states = tr.fail(conn, self.q, worker_id=self.id, failures=pending.failed)
         return kept, states
 
+    def _report_acked(self, pending: _Pending, kept: set[int], states: dict[int, str]) -> None:
+        """Inside the acknowledging transaction: tell the hooks what it changed."""
+        if pending.done:
+            self.hooks.acked(self, "done", [i for i, _ in pending.done if i in kept])
+        if pending.failed:
+            self.hooks.acked(self, "failed", states)
+
     def _acked(self, pending: _Pending, kept: set[int], states: dict[int, str]) -> None:
-        """After the commit: report, log, and empty ``pending``."""
+        """After the commit: log, and empty ``pending``."""
         if pending.done:
             sent = pending.done
             self._report_lost([i for i, _ in sent if i not in kept], "complete")
-            self.hooks.acked(self, "done", [i for i, _ in sent if i in kept])
             self.done_count += len(kept)
             self.last_ack = time.time()
             pending.done = []
@@ -415,7 +440,6 @@ class Worker:
                         "failed for good" if states[f.id] == "failed" else "will retry",
                         f.error.splitlines()[0] if f.error else "",
                     )
-            self.hooks.acked(self, "failed", states)
             pending.failed = []
 
     def _report_lost(self, ids: Iterable[int], action: str) -> None:
@@ -440,7 +464,7 @@ class Worker:
         assert self.pool is not None
         self._last_claim = time.monotonic()
         claimed: list[tuple[str, float, int, list[tr.Claimed]]] = []
-        with self.pool.connection() as conn, conn.transaction():
+        with self.pool.connection() as conn, self._counted(conn):
             acked = self._ack(conn, pending) if pending else None
             for i in range(len(self.queues)):
                 if free <= 0:
@@ -459,6 +483,11 @@ class Worker:
                 )
                 claimed.append((name, now, limit, rows))
                 free -= len(rows)
+            if acked is not None:
+                self._report_acked(pending, *acked)
+            for _name, _now, _limit, rows in claimed:
+                if rows:
+                    self.hooks.claimed(self, rows)
         if acked is not None:
             self._acked(pending, *acked)
         self._queue_turn += 1
@@ -478,7 +507,6 @@ class Worker:
 
     def _dispatch(self, rows: list[tr.Claimed]) -> None:
         now = time.monotonic()
-        self.hooks.claimed(self, rows)
         for c in rows:
             self._tokens += 1
             definition = self.registry.get(c.task)
@@ -527,10 +555,12 @@ class Worker:
         assert self.pool is not None
         with self.pool.connection() as conn:
             while True:
-                rows = tr.rescue(conn, self.q, limit=1000)
+                with self._counted(conn):
+                    rows = tr.rescue(conn, self.q, limit=1000)
+                    if rows:
+                        self.hooks.rescued(self, rows)
                 if rows:
                     log.warning("rescued %d task(s) whose lease expired", len(rows))
-                    self.hooks.rescued(self, rows)
                 if len(rows) < 1000:
                     break
 

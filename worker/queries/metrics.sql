@@ -157,3 +157,15 @@ SELECT l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, l.mod
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
  ORDER BY l.pid, l.classid, l.objid
  LIMIT 200;
+
+-- Exact counters across a SIGKILL (worker/_metrics.py, the journal). A worker process writes the
+-- counts a transaction will add, tagged with its transaction id, before COMMIT; when the process
+-- dies, the supervisor asks whether that transaction committed and adds what the dead process
+-- did not get to count.
+
+-- name: metrics_current_xact_id
+SELECT pg_current_xact_id()::text AS xid;
+
+-- name: metrics_xact_status
+-- 'committed', 'aborted' or 'in progress'; NULL when the id is too old to be known.
+SELECT pg_xact_status(%(xid)s::xid8) AS status;
