@@ -245,6 +245,30 @@ def test_db_errors_and_reconnects() -> None:
     assert value("worker_db_reconnects_total") == reconnects + 1
 
 
+def test_a_torn_journal_write_leaves_the_previous_record(tmp_path: Path) -> None:
+    """A kill in the middle of a journal write must not leave a record the supervisor would
+    trust: the half-written one fails its checksum and the previous one is read instead."""
+    from worker._journal import Journal, _read_record, counter_samples, journal_paths
+
+    journal = Journal(str(tmp_path), 4242)
+    key = ("default", "t")
+    journal.write("100", counter_samples("worker_tasks_claimed", key, 3))
+    journal.add(counter_samples("worker_tasks_claimed", key, 3))
+    journal.write("101", counter_samples("worker_tasks_claimed", key, 2))
+    assert _read_record(str(tmp_path), 4242) == {
+        "xid": "101",
+        "values": [["worker_tasks_claimed", "total", ["default", "t"], "", 5.0]],
+    }
+    # Tear the newest record: keep its header and half of its payload.
+    newest = max(  # the file whose header has the higher sequence number
+        journal_paths(str(tmp_path), 4242),
+        key=lambda p: int.from_bytes(Path(p).read_bytes()[:8], "little"),
+    )
+    data = Path(newest).read_bytes()
+    Path(newest).write_bytes(data[: len(data) // 2])
+    assert _read_record(str(tmp_path), 4242)["xid"] == "100"
+
+
 def test_every_registered_metric_is_documented() -> None:
     """The list the deploy tests and the docs rely on must cover what the code registers."""
     instruments()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="finished rows to put in the table before each drain (large-table test)",
+    )
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="run the worker with --metrics-port (on a free local port), to measure what "
+        "counting costs",
     )
     p.add_argument(
         "--hold-xact",
@@ -115,6 +122,10 @@ def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
         "--report",
         report,
     ]
+    if args.metrics:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            cmd += ["--metrics-port", str(s.getsockname()[1])]
     try:
         subprocess.run(cmd, check=True, env={**os.environ, "WORKER_DSN": dsn})
         lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
@@ -160,6 +171,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "processes": args.processes,
         "finished_rows": args.finished,
         "held_transaction": args.hold_xact,
+        "metrics": args.metrics,
         "rounds": args.rounds,
         "enqueue_per_s": round(med["enqueue"]),
         "drain_per_s": round(med["drain"]),
@@ -189,6 +201,8 @@ def main(args: argparse.Namespace) -> int:
     if r["finished_rows"] or r["held_transaction"]:
         held = ", another session holding a transaction open" if r["held_transaction"] else ""
         print(f"  with {r['finished_rows']:,} finished rows in the table{held}")
+    if r["metrics"]:
+        print("  with metrics on (counting, and the journal under a supervisor)")
     print(f"  enqueue_many (COPY)     {r['enqueue_per_s']:>9,} tasks/s")
     print(f"  drain (worker)          {r['drain_per_s']:>9,} tasks/s")
     print(f"  drain (bare SQL)        {r['ceiling_drain_per_s']:>9,} tasks/s   <- ceiling")

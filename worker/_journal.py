@@ -6,8 +6,9 @@ the supervisor's totals would drift from the task table. So, before each COMMIT 
 task metrics, a child writes one small file: the transaction id and the values its task metrics
 will have once the transaction is counted. When the child dies, the supervisor asks the database
 whether that transaction committed (``pg_xact_status``) and, if it did, adds whatever the dead
-child's metric files are short of. A rename makes each write atomic, so a kill leaves the previous
-record or the new one, never half of one, and every case comes out exact:
+child's metric files are short of. Records go alternately to two files, each with a sequence
+number and a checksum, so a kill in the middle of a write leaves the previous record readable and
+the torn one rejected; every case comes out exact:
 
 * killed before COMMIT was sent: the transaction aborts and nothing is added;
 * killed after COMMIT, before counting: the record's values are added;
@@ -25,8 +26,10 @@ import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
 import time
+import zlib
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -49,8 +52,49 @@ JOURNALED: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def journal_path(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"journal_{pid}.json")
+# Each record: sequence number, payload length, CRC-32 of the payload, then the JSON payload.
+_HEADER = struct.Struct("<QII")
+
+
+def journal_paths(directory: str, pid: int) -> tuple[str, str]:
+    return (
+        os.path.join(directory, f"journal_{pid}.a"),
+        os.path.join(directory, f"journal_{pid}.b"),
+    )
+
+
+def _read_record(directory: str, pid: int) -> dict[str, Any] | None:
+    """The newest intact record of the two files, or None."""
+    best: tuple[int, bytes] | None = None
+    for path in journal_paths(directory, pid):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if len(data) < _HEADER.size:
+            continue
+        seq, length, crc = _HEADER.unpack_from(data)
+        payload = data[_HEADER.size : _HEADER.size + length]
+        if (
+            len(payload) == length
+            and zlib.crc32(payload) == crc
+            and (best is None or seq > best[0])
+        ):
+            best = (seq, payload)
+    if best is None:
+        return None
+    try:
+        record = json.loads(best[1])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _remove(directory: str, pid: int) -> None:
+    for path in journal_paths(directory, pid):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def counter_samples(metric: str, key: tuple[str, ...], n: float) -> list[tuple[Sample, float]]:
@@ -80,10 +124,14 @@ class Journal:
     """The child's side: what its metric files hold, and the record written before COMMIT."""
 
     def __init__(self, directory: str, pid: int) -> None:
-        self.path = journal_path(directory, pid)
-        self._tmp = f"{self.path}.tmp"
-        # This process is the only writer of its files, which start empty unless a dead process
-        # of this run had the same pid.
+        self._fds = [
+            os.open(p, os.O_RDWR | os.O_CREAT, 0o600) for p in journal_paths(directory, pid)
+        ]
+        # Sequence numbers from the system-wide monotonic clock: higher than any left by a dead
+        # process of this run that had the same pid (the supervisor may still be settling it).
+        self._seq = time.monotonic_ns()
+        # This process is the only writer of its metric files, which start empty unless a dead
+        # process of this run had the same pid.
         self.totals: dict[Sample, float] = read_samples(directory, pid)
 
     def write(self, xid: str, samples: list[tuple[Sample, float]]) -> None:
@@ -91,9 +139,12 @@ class Journal:
         for sample, n in samples:
             targets[sample] = targets.get(sample, self.totals.get(sample, 0.0)) + n
         record = {"xid": xid, "values": [[*s[:2], list(s[2]), s[3], v] for s, v in targets.items()]}
-        with open(self._tmp, "w") as f:
-            f.write(json.dumps(record))
-        os.replace(self._tmp, self.path)
+        payload = json.dumps(record).encode()
+        self._seq += 1
+        # One write to a file opened once: no rename, no fsync (a killed process's writes are in
+        # the page cache; a machine crash takes the supervisor and its metrics along anyway).
+        header = _HEADER.pack(self._seq, len(payload), zlib.crc32(payload))
+        os.pwrite(self._fds[self._seq % 2], header + payload, 0)
 
     def add(self, samples: list[tuple[Sample, float]]) -> None:
         """The samples were applied to the metric files."""
@@ -148,15 +199,9 @@ def settle(pid: int, directory: str, dsn: str, schema: str, *, timeout: float = 
     (the server has not yet noticed the child is gone) and, up to ``timeout`` seconds, while the
     database is unreachable.
     """
-    path = journal_path(directory, pid)
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except FileNotFoundError:
-        return 0.0
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    record = _read_record(directory, pid)
+    if record is None:
+        _remove(directory, pid)
         return 0.0
     added = 0.0
     status = _transaction_status(dsn, schema, str(record["xid"]), timeout)
@@ -174,8 +219,7 @@ def settle(pid: int, directory: str, dsn: str, schema: str, *, timeout: float = 
                     added += missing
     elif status is None:
         log.warning("could not learn whether worker pid %d's last transaction committed", pid)
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    _remove(directory, pid)
     if added:
         log.info("counted %d task event(s) worker pid %d committed but did not count", added, pid)
     return added

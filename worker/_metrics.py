@@ -45,7 +45,7 @@ from ._journal import (
     Sample,
     counter_samples,
     histogram_samples,
-    journal_path,
+    journal_paths,
     settle,
 )
 
@@ -280,9 +280,10 @@ class _Children:
 class _Txn:
     """What one transaction's events will change, held until it commits or rolls back."""
 
-    __slots__ = ("on_commit", "on_rollback", "samples")
+    __slots__ = ("on_commit", "on_rollback", "samples", "xid")
 
     def __init__(self) -> None:
+        self.xid = ""
         self.samples: list[tuple[Sample, float]] = []
         self.on_commit: list[Callable[[], None]] = []
         self.on_rollback: list[Callable[[], None]] = []
@@ -342,7 +343,9 @@ class MetricsHooks(Hooks):
         tx = self._tx
         if tx is None or not tx.samples or self._journal is None:
             return
-        xid = conn.execute(worker.q["metrics_current_xact_id"]).fetchone()[0]
+        # The claim statement returns the transaction id; only acknowledgements without a claim
+        # (an idle or stopping worker) pay a statement for it.
+        xid = tx.xid or conn.execute(worker.q["metrics_current_xact_id"]).fetchone()[0]
         try:
             self._journal.write(xid, tx.samples)
         except OSError as exc:
@@ -414,6 +417,7 @@ class MetricsHooks(Hooks):
             self._observe(self._latency, key, values)
         self._observe(self._batch, (rows[0].queue,), [float(len(rows))])
         if self._tx is not None:
+            self._tx.xid = self._tx.xid or rows[0].xid
             ids = [r.id for r in rows]
             self._tx.on_rollback.append(lambda: [labels.pop(i, None) for i in ids])
         if len(labels) > self._limit:
@@ -697,7 +701,7 @@ class MetricsServer:
         if not path:
             return
         child_exited(pid, path)
-        if os.path.exists(journal_path(path, pid)):
+        if any(os.path.exists(p) for p in journal_paths(path, pid)):
             threading.Thread(
                 target=self._settle, args=(pid, path), name=f"settle-{pid}", daemon=True
             ).start()

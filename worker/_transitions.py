@@ -35,6 +35,7 @@ class Claimed:
     run_at: datetime
     created_at: datetime
     claimed_at: datetime
+    xid: str = ""  # the claiming transaction's id (see _journal)
 
 
 @dataclass(slots=True)

@@ -41,7 +41,9 @@ UPDATE {schema}.tasks AS t
 -- CTE may be planned as a hash join over a scan of the whole table.
  WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING t.id, t.task, t.payload, t.attempts, t.max_attempts, t.queue, t.priority, t.run_at,
-          t.created_at, now() AS claimed_at;
+          t.created_at, now() AS claimed_at,
+          -- For the metrics journal (worker/_journal.py): saves it a round trip per batch.
+          pg_current_xact_id()::text AS xid;
 
 -- name: complete
 -- Mark finished tasks done in one statement per batch. Fencing: only the owner's current attempt
