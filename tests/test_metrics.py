@@ -309,6 +309,31 @@ def stop_procs() -> Iterator[list[subprocess.Popen[str]]]:
             p.wait()
 
 
+def run_with_metrics(
+    pg_dsn: str,
+    schema: str,
+    env: dict[str, str],
+    procs: list[subprocess.Popen[str]],
+    *flags: str,
+) -> tuple[subprocess.Popen[str], str]:
+    """``worker run tasks_module FLAGS`` with /metrics on a free port: the process and the URL."""
+    port = free_port()
+    proc = spawn_cli(
+        "run",
+        "tasks_module",
+        *flags,
+        "--metrics-port",
+        str(port),
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        env=env,
+    )
+    procs.append(proc)
+    return proc, f"http://127.0.0.1:{port}/metrics"
+
+
 def child_pids(conn: psycopg.Connection, schema: str, supervisor: int) -> list[int]:
     """Live worker processes of this supervisor, from the worker registry and /proc."""
     pids = [
@@ -359,28 +384,13 @@ def test_supervisor_aggregates_children_and_keeps_counts_of_a_killed_one(
         f"INSERT INTO {schema}.tasks (task, queue, run_at, created_at) SELECT 'record', 'orphan',"
         " now() - interval '100 seconds', now() - interval '200 seconds' FROM generate_series(1, 3)"
     )
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    proc = spawn_cli(
-        "run",
-        "tasks_module",
-        "--processes",
-        "2",
-        "--concurrency",
-        "4",
-        "--batch-size",
-        "4",
-        "--lease",
-        "2",
-        "--metrics-port",
-        str(port),
-        "--dsn",
+    proc, url = run_with_metrics(
         pg_dsn,
-        "--schema",
         schema,
-        env=metrics_env,
+        metrics_env,
+        stop_procs,
+        *("--processes", "2", "--concurrency", "4", "--batch-size", "4", "--lease", "2"),
     )
-    stop_procs.append(proc)
     wait_until(lambda: len(child_pids(conn, schema, proc.pid)) == 2, timeout=30)
     wait_until(lambda: states(conn, schema).get("done", 0) >= 100, timeout=60)
     victim = child_pids(conn, schema, proc.pid)[0]
@@ -475,30 +485,14 @@ def test_task_counts_stay_exact_through_repeated_sigkills(
         " FROM generate_series(1, %s)",
         (n_boom,),
     )
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    proc = spawn_cli(
-        "run",
-        "tasks_module",
-        "--processes",
-        "2",
-        "--concurrency",
-        "2",
-        "--batch-size",
-        "2",
-        "--lease",
-        "1",
-        "--metrics-port",
-        str(port),
-        "--dsn",
+    proc, url = run_with_metrics(
         pg_dsn,
-        "--schema",
         schema,
-        "--log-level",
-        "WARNING",
-        env=metrics_env,
+        metrics_env,
+        stop_procs,
+        *("--processes", "2", "--concurrency", "2", "--batch-size", "2", "--lease", "1"),
+        *("--log-level", "WARNING"),
     )
-    stop_procs.append(proc)
     kills = 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -550,22 +544,7 @@ def test_single_process_serves_its_own_metrics(
 ) -> None:
     executions_table(conn, schema)
     conn.execute(f"INSERT INTO {schema}.tasks (task) SELECT 'record' FROM generate_series(1, 50)")
-    port = free_port()
-    proc = spawn_cli(
-        "run",
-        "tasks_module",
-        "--processes",
-        "1",
-        "--metrics-port",
-        str(port),
-        "--dsn",
-        pg_dsn,
-        "--schema",
-        schema,
-        env=metrics_env,
-    )
-    stop_procs.append(proc)
-    url = f"http://127.0.0.1:{port}/metrics"
+    proc, url = run_with_metrics(pg_dsn, schema, metrics_env, stop_procs, "--processes", "1")
     wait_until(lambda: states(conn, schema) == {"done": 50}, timeout=60)
 
     def all_counted() -> dict | None:
@@ -575,8 +554,8 @@ def test_single_process_serves_its_own_metrics(
     m = wait_until(all_counted, timeout=10)
     assert total(m, "worker_processes") == 1
     assert total(m, "worker_queue_tasks", queue="default", state="queued") == 0
-    assert fetch(f"http://127.0.0.1:{port}/healthz")[0] == 200
-    assert fetch(f"http://127.0.0.1:{port}/readyz")[0] == 200
+    assert fetch(url.replace("/metrics", "/healthz"))[0] == 200
+    assert fetch(url.replace("/metrics", "/readyz"))[0] == 200
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
 
