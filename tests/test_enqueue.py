@@ -24,7 +24,8 @@ def test_plain_sql_insert_is_a_complete_enqueue(
         f"SELECT queue, state::text, priority, attempts, max_attempts, run_at <= now(),"
         f" created_at IS NOT NULL FROM {schema}.tasks"
     ).fetchone()
-    assert row == ("default", "queued", 0, 0, 5, True, True)
+    # max_attempts NULL: the handler of whichever worker claims the row decides (schema/0003).
+    assert row == ("default", "queued", 0, 0, None, True, True)
 
     got: list[dict] = []
     reg = worker.Registry()
@@ -49,7 +50,7 @@ def test_enqueue_function_defaults_and_named_arguments(
             f" FROM {schema}.tasks"
         )
     )
-    assert rows[a] == ("t1", {}, "default", 0, 5, False)
+    assert rows[a] == ("t1", {}, "default", 0, None, False)
     assert rows[b] == ("t2", {"x": 1}, "mail", 7, 2, True)
 
 
@@ -97,15 +98,23 @@ def test_enqueue_joins_the_callers_transaction(pg_dsn: str, schema: str) -> None
     assert rows == [({"n": 2},)]
 
 
-def test_enqueue_uses_the_registered_tasks_defaults(conn: psycopg.Connection, schema: str) -> None:
+def test_enqueue_uses_the_registered_tasks_queue(conn: psycopg.Connection, schema: str) -> None:
+    """The queue of a task registered in the producer is its default. Its max_attempts is not
+    copied into the row: the claiming worker's handler applies it (see test_worker)."""
+
     @worker.task("test_enqueue.defaults", queue="reports", max_attempts=9)
     def handler(payload: dict) -> None:
         pass
 
     task_id = worker.enqueue(conn, "test_enqueue.defaults", schema=schema)
-    row = conn.execute(f"SELECT queue, max_attempts FROM {schema}.tasks WHERE id = %s",
-                       (task_id,)).fetchone()
-    assert row == ("reports", 9)
+    explicit = worker.enqueue(conn, "test_enqueue.defaults", max_attempts=2, schema=schema)
+    rows = conn.execute(
+        f"SELECT queue, max_attempts FROM {schema}.tasks WHERE id = ANY(%s) ORDER BY id",
+        ([task_id, explicit],),
+    ).fetchall()
+    assert rows == [("reports", None), ("reports", 2)]
+    with pytest.raises(ValueError, match="max_attempts must be at least 1"):
+        worker.enqueue(conn, "test_enqueue.defaults", max_attempts=0, schema=schema)
 
 
 def test_enqueue_many_copies_rows(conn: psycopg.Connection, schema: str) -> None:

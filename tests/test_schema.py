@@ -148,6 +148,9 @@ def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_tab
             "cursor_priority": -(10**9),
             "cursor_run_at": datetime(1, 1, 1, tzinfo=UTC),
             "cursor_id": 0,
+            "handler_tasks": [f"t{i}" for i in range(50)],
+            "handler_max_attempts": [3] * 50,
+            "default_max_attempts": 5,
         },
     )
     _no_seq_scan(nodes)

@@ -78,6 +78,42 @@ def test_failing_handler_is_retried_with_backoff_then_failed(
     assert gaps[0] >= 0.2 and gaps[1] >= 0.4, gaps
 
 
+def test_sql_producers_get_the_handlers_max_attempts_unless_they_set_one(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """A plain INSERT leaves max_attempts to the handler: registered with max_attempts=2, the task
+    fails after two attempts, not the table's five. A number the producer wrote wins, and a
+    task no handler knows gets the default of 5 written when it is claimed."""
+    reg = worker.Registry()
+    runs: list[int] = []
+
+    @reg.task("twice", max_attempts=2, retry_backoff=0)
+    def twice(payload: dict) -> None:
+        runs.append(payload["n"])
+        raise ValueError("no")
+
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, payload) VALUES ('twice', '{{\"n\": 1}}')"
+    )
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, payload, max_attempts)"
+        " VALUES ('twice', '{\"n\": 2}', 4)"
+    )
+    unknown = worker.enqueue(conn, "nobody_handles_this", schema=schema)
+    with thread_worker(reg, poll_interval=0.05):
+        wait_until(lambda: states(conn, schema) == {"failed": 3}, timeout=30)
+    rows = conn.execute(
+        f"SELECT payload->>'n', attempts, max_attempts FROM {schema}.tasks"
+        " WHERE task = 'twice' ORDER BY id"
+    ).fetchall()
+    assert rows == [("1", 2, 2), ("2", 4, 4)]
+    assert sorted(runs) == [1, 1, 2, 2, 2, 2]
+    assert _row(conn, schema, unknown)["state"] == "failed"
+    assert conn.execute(
+        f"SELECT max_attempts FROM {schema}.tasks WHERE id = %s", (unknown,)
+    ).fetchone() == (5,)
+
+
 def test_retry_moves_run_at_into_the_future(
     conn: psycopg.Connection, schema: str, thread_worker
 ) -> None:

@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from ._conn import Target, borrow
-from ._registry import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, TaskDef, registry
+from ._registry import DEFAULT_QUEUE, TaskDef, registry
 from ._sql import queries
 
 
@@ -35,12 +35,21 @@ def _run_at(run_at: datetime | None, delay: float | timedelta | None) -> datetim
     return run_at
 
 
-def _defaults(name: str) -> tuple[str, int]:
-    """A registered task's queue and max_attempts are the defaults for enqueueing it."""
+def _default_queue(name: str) -> str:
+    """A task registered in this process goes to its handler's queue unless told otherwise.
+
+    max_attempts has no such default here: left out, it is NULL and the worker that claims the row
+    applies its handler's setting (schema/0003), so a deploy that changes a handler's
+    max_attempts also applies to the tasks already queued.
+    """
     definition: TaskDef | None = registry.get(name)
-    if definition is None:
-        return DEFAULT_QUEUE, DEFAULT_MAX_ATTEMPTS
-    return definition.queue, definition.max_attempts
+    return DEFAULT_QUEUE if definition is None else definition.queue
+
+
+def _check_max_attempts(max_attempts: int | None) -> int | None:
+    if max_attempts is not None and max_attempts < 1:
+        raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
+    return max_attempts
 
 
 def _enqueue_params(
@@ -53,14 +62,13 @@ def _enqueue_params(
     max_attempts: int | None,
     dedupe_key: str | None,
 ) -> dict[str, Any]:
-    default_queue, default_attempts = _defaults(task)
     return {
         "task": task,
         "payload": Jsonb(_check_payload({} if payload is None else payload)),
-        "queue": queue or default_queue,
+        "queue": queue or _default_queue(task),
         "run_at": _run_at(run_at, delay),
         "priority": priority,
-        "max_attempts": max_attempts or default_attempts,
+        "max_attempts": _check_max_attempts(max_attempts),
         "dedupe_key": dedupe_key,
     }
 
@@ -133,9 +141,8 @@ def enqueue_many(
     COPY is several times faster than INSERT for bulk loads and sends one NOTIFY in all. It cannot
     return ids or honour dedupe keys; use ``enqueue`` for those.
     """
-    default_queue, default_attempts = _defaults(task)
     when = _run_at(run_at, delay) or datetime.now(UTC)
-    row_tail = (queue or default_queue, priority, when, max_attempts or default_attempts)
+    row_tail = (queue or _default_queue(task), priority, when, _check_max_attempts(max_attempts))
     count = 0
     dumps = json.dumps
     with (

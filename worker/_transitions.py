@@ -6,13 +6,14 @@ hot path. All of them fence on (worker id, attempt): a worker can only move rows
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
+from ._registry import DEFAULT_MAX_ATTEMPTS
 from ._sql import Queries
 
 # The cursor of a fresh scan: before any possible (-priority, run_at, id).
@@ -83,8 +84,14 @@ def claim(
     worker_id: str,
     lease_seconds: float,
     cursor: tuple[int, datetime, int] = _CURSOR_START,
+    max_attempts: Mapping[str, int] | None = None,
 ) -> list[Claimed]:
-    """queued -> in_progress for up to ``limit`` due rows of ``queue``, in claim order."""
+    """queued -> in_progress for up to ``limit`` due rows of ``queue``, in claim order.
+
+    ``max_attempts``: the handlers' settings by task name, for rows whose producer left
+    max_attempts to the handler (NULL); other rows get DEFAULT_MAX_ATTEMPTS.
+    """
+    limits = max_attempts or {}
     rows = conn.execute(
         q["claim"],
         {
@@ -92,6 +99,9 @@ def claim(
             "limit": limit,
             "worker_id": worker_id,
             "lease_seconds": lease_seconds,
+            "handler_tasks": list(limits),
+            "handler_max_attempts": list(limits.values()),
+            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
             "cursor_priority": cursor[0],
             "cursor_run_at": cursor[1],
             "cursor_id": cursor[2],

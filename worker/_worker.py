@@ -142,6 +142,10 @@ class Worker:
         self.q = queries(config.schema)
         queues = config.queues or sorted({*self.registry.queues(), DEFAULT_QUEUE})
         self.queues = list(dict.fromkeys(queues))
+        # For rows whose producer left max_attempts to the handler (see tr.claim).
+        self._max_attempts = {
+            name: d.max_attempts for name in self.registry.names() if (d := self.registry.get(name))
+        }
         self._stop = threading.Event()
         self._stop_now = threading.Event()
         self._events: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
@@ -480,6 +484,7 @@ class Worker:
                     worker_id=self.id,
                     lease_seconds=cfg.lease_seconds,
                     cursor=self._cursor.position(name, now),
+                    max_attempts=self._max_attempts,
                 )
                 claimed.append((name, now, limit, rows))
                 free -= len(rows)

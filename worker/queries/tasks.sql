@@ -34,6 +34,14 @@ WITH picked AS (
 UPDATE {schema}.tasks AS t
    SET state = 'in_progress',
        attempts = t.attempts + 1,
+       -- NULL: the producer left it to the handler (schema/0003); this worker's handlers say.
+       max_attempts = coalesce(
+           t.max_attempts,
+           (SELECT h.max_attempts
+              FROM unnest(%(handler_tasks)s::text[], %(handler_max_attempts)s::integer[])
+                   AS h(task, max_attempts)
+             WHERE h.task = t.task),
+           %(default_max_attempts)s),
        worker_id = %(worker_id)s,
        started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
