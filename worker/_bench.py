@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ from typing import Any
 import psycopg
 
 from ._config import resolve_dsn
-from ._enqueue import enqueue_many
+from ._enqueue import enqueue, enqueue_many
 from ._migrate import migrate
 from ._sql import queries
 
@@ -48,6 +49,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="finished rows to put in the table before each drain (large-table test)",
+    )
+    p.add_argument(
+        "--latency-rate",
+        type=float,
+        default=1000.0,
+        help="latency phase: enqueue one task at a time at this rate to idle workers and report "
+        "enqueue-to-claim percentiles (default 1000/s; 0 skips the phase)",
+    )
+    p.add_argument(
+        "--latency-tasks",
+        type=int,
+        default=5000,
+        help="tasks in the latency phase (default 5000)",
     )
     p.add_argument(
         "--metrics",
@@ -94,10 +108,8 @@ def _ceiling(conn: psycopg.Connection, n: int, batch: int) -> float:
     return done / (time.perf_counter() - start)
 
 
-def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
-    """Run the real `worker run --burst` and time first claim to last acknowledgement."""
-    with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as fh:
-        report = fh.name
+def _worker_command(dsn: str, args: argparse.Namespace, *extra: str) -> list[str]:
+    """The real `worker run` over the bench schema, with the benchmark's settings."""
     cmd = [
         sys.executable,
         "-m",
@@ -110,7 +122,6 @@ def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
         BENCH_SCHEMA,
         "--processes",
         str(args.processes),
-        "--burst",
         "--concurrency",
         str(args.concurrency),
         "--batch-size",
@@ -119,13 +130,20 @@ def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
         str(args.keep_done),
         "--log-level",
         "WARNING",
-        "--report",
-        report,
+        *extra,
     ]
     if args.metrics:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             cmd += ["--metrics-port", str(s.getsockname()[1])]
+    return cmd
+
+
+def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
+    """Run the real `worker run --burst` and time first claim to last acknowledgement."""
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as fh:
+        report = fh.name
+    cmd = _worker_command(dsn, args, "--burst", "--report", report)
     try:
         subprocess.run(cmd, check=True, env={**os.environ, "WORKER_DSN": dsn})
         lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
@@ -138,6 +156,46 @@ def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
     last = max(r["last_ack"] for r in lines if r["last_ack"])
     rss = max(r["max_rss_kb"] for r in lines)
     return n / (last - first), rss
+
+
+def _latency(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> dict[str, float]:
+    """Idle workers, tasks arriving one per transaction at a steady rate: how long each waits.
+
+    This is what LISTEN/NOTIFY is for; with polling alone the wait would be about half the poll
+    interval. The drain phases say nothing about it, since their workers never wait.
+    """
+    q = queries(BENCH_SCHEMA)
+    _truncate(conn, 0)
+    env = {**os.environ, "WORKER_DSN": dsn}
+    proc = subprocess.Popen(_worker_command(dsn, args), env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while conn.execute(q["bench_workers_alive"]).fetchone()[0] < args.processes:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the benchmark's workers did not start")
+            time.sleep(0.1)
+        time.sleep(1.0)  # let every process reach its LISTEN
+        n, rate = args.latency_tasks, args.latency_rate
+        start = time.perf_counter()
+        for i in range(n):
+            pause = start + i / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            enqueue(conn, TASK, {"i": i}, schema=BENCH_SCHEMA)
+        while conn.execute(q["bench_done"]).fetchone()[0] < n:
+            if proc.poll() is not None or time.monotonic() > deadline + n / rate + 60:
+                raise RuntimeError("the benchmark's workers did not finish the latency phase")
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    row = conn.execute(q["bench_latency"]).fetchone()
+    n_done, p50, p99, worst = row
+    return {"tasks": n_done, "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(worst)}
 
 
 def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -159,6 +217,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             holder.rollback()
             results["drain"].append(rate)
             results["rss_kb"].append(rss)
+        latency = _latency(conn, dsn, args) if args.latency_rate > 0 else None
         server = conn.execute("SHOW server_version").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
@@ -178,6 +237,11 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "ceiling_drain_per_s": round(med["ceiling"]),
         "drain_ratio": round(med["drain"] / med["ceiling"], 3),
         "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
+        "latency": latency
+        and {
+            "rate_per_s": args.latency_rate,
+            **{k: round(v, 2) for k, v in latency.items()},
+        },
         "server": server[0] if server else "?",
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
@@ -208,4 +272,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"  drain (bare SQL)        {r['ceiling_drain_per_s']:>9,} tasks/s   <- ceiling")
     print(f"  worker / ceiling        {r['drain_ratio']:>9.0%}")
     print(f"  worker peak RSS         {r['worker_max_rss_mb']:>9} MB per process")
+    if r["latency"]:
+        lat = r["latency"]
+        print(
+            f"  latency, enqueue to claim ({lat['rate_per_s']:,.0f} tasks/s, one per commit): "
+            f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"
+        )
     return 0

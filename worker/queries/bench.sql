@@ -26,3 +26,21 @@ UPDATE {schema}.tasks
 INSERT INTO {schema}.tasks (task, state, attempts, started_at, finished_at)
 SELECT 'bench.old', 'done', 1, now() - interval '10 minutes', now() - interval '9 minutes'
   FROM generate_series(1, %(n)s);
+
+-- name: bench_workers_alive
+SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL;
+
+-- name: bench_done
+SELECT count(*) FROM {schema}.tasks WHERE state = 'done';
+
+-- name: bench_latency
+-- The latency phase: from enqueue to claim, both read from the database clock (created_at is the
+-- producer's INSERT transaction time, started_at the claiming transaction's), in milliseconds.
+SELECT count(*) AS n,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
+           * 1000 AS p50_ms,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
+           * 1000 AS p99_ms,
+       max(extract(epoch FROM started_at - created_at)) * 1000 AS max_ms
+  FROM {schema}.tasks
+ WHERE state = 'done';

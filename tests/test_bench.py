@@ -1,0 +1,44 @@
+"""`worker bench` runs end to end and reports what it measured. No figure is checked against a
+speed: the benchmark is how speed is measured, and this machine is shared and noisy."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from conftest import run_cli
+
+
+def test_bench_drains_measures_the_ceiling_and_the_latency(pg_dsn: str) -> None:
+    r = run_cli(
+        "bench",
+        "--dsn",
+        pg_dsn,
+        "--tasks",
+        "3000",
+        "--processes",
+        "2",
+        "--concurrency",
+        "20",
+        "--latency-tasks",
+        "300",
+        "--latency-rate",
+        "300",
+        "--json",
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["tasks"] == 3000 and report["processes"] == 2
+    for key in ("enqueue_per_s", "drain_per_s", "ceiling_drain_per_s"):
+        assert report[key] > 0, key
+    assert report["drain_ratio"] == round(report["drain_per_s"] / report["ceiling_drain_per_s"], 3)
+    lat = report["latency"]
+    assert lat["tasks"] == 300  # every task of the phase ran and was measured
+    assert 0 <= lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    # It cleans up after itself.
+    with psycopg.connect(pg_dsn) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'worker_bench'"
+        ).fetchone()[0]
+    assert left == 0
