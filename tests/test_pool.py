@@ -313,6 +313,40 @@ def test_sigterm_while_children_are_still_starting_is_a_clean_stop(
         assert sup.wait(timeout=30) == 0
 
 
+def test_a_slow_import_is_not_mistaken_for_a_stuck_child(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Children that take longer to import the application than the stuck limit are left to
+    start (the start-up allowance applies until their loop first runs), then do the work."""
+    create_tables(conn, schema)
+    env = worker_env(pg_dsn, schema, FAULTS_CHILD_IMPORT_SECONDS="5")
+    args = run_args(pg_dsn, schema, "--processes", "2", "--stuck-after", "2")
+    with spawned(*args, "--start-timeout", "60", env=env) as sup:
+        wait_until(lambda: len(child_pids(sup)) == 2, timeout=30)
+        first = child_pids(sup)
+        wait_until(lambda: len(live_workers(conn, schema)) == 2, timeout=30)
+        assert child_pids(sup) == first  # nobody was killed while importing
+        assert set(live_workers(conn, schema)) == first
+        ids = enqueue_sql(conn, schema, "record", 20)
+        wait_until(lambda: states(conn, schema) == {"done": len(ids)}, timeout=30)
+        sup.send_signal(signal.SIGTERM)
+        assert sup.wait(timeout=30) == 0
+
+
+def test_a_child_that_never_finishes_starting_is_replaced(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """An import that hangs (a network call at import time, say) does not hold a slot forever:
+    past --start-timeout the child is killed and another is started in its place."""
+    env = worker_env(pg_dsn, schema, FAULTS_CHILD_IMPORT_SECONDS="600")
+    args = run_args(pg_dsn, schema, "--processes", "2")
+    with spawned(*args, "--start-timeout", "2", env=env) as sup:
+        wait_until(lambda: len(child_pids(sup)) == 2, timeout=30)
+        first = child_pids(sup)
+        wait_until(lambda: len(child_pids(sup) - first) == 2, timeout=30)
+        assert sup.poll() is None  # replacing them is not giving up (yet)
+
+
 # -- rescue -------------------------------------------------------------------------------------
 
 

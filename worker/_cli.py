@@ -146,6 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             processes,
             grace_seconds=args.grace,
             stuck_seconds=args.stuck_after or max(60.0, args.lease * 2),
+            start_seconds=args.start_timeout,
             burst=args.burst,
         )
         metrics = _start_metrics(args, dsn)
@@ -588,6 +589,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     # Seconds without a liveness touch before the supervisor kills a child as stuck (default
     # max(60, 2 x lease)); hidden, for tests and unusual deployments.
+    p.add_argument(
+        "--start-timeout",
+        type=_seconds,
+        default=300.0,
+        help="seconds a worker process may take to import MODULE and reach its loop before the "
+        "supervisor replaces it (default 300)",
+    )
     p.add_argument("--stuck-after", type=_seconds, default=None, help=argparse.SUPPRESS)
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run)

@@ -45,6 +45,7 @@ class Supervisor:
         *,
         grace_seconds: float,
         stuck_seconds: float,
+        start_seconds: float = 300.0,
         max_deaths: int = 10,
         death_window: float = 60.0,
         burst: bool = False,
@@ -54,6 +55,7 @@ class Supervisor:
         self.children = [_Child(i) for i in range(processes)]
         self.grace_seconds = grace_seconds
         self.stuck_seconds = stuck_seconds
+        self.start_seconds = start_seconds
         self.max_deaths = max_deaths
         self.death_window = death_window
         self._stopping = False
@@ -128,9 +130,18 @@ class Supervisor:
                 continue  # a burst child that found nothing more to do is finished
             if code is None:
                 if self._stuck(child, now):
-                    log.error(
-                        "worker process %d (pid %d) is stuck; killing it", child.slot, proc.pid
-                    )
+                    if self._got_going(child):
+                        log.error(
+                            "worker process %d (pid %d) is stuck; killing it", child.slot, proc.pid
+                        )
+                    else:
+                        log.error(
+                            "worker process %d (pid %d) did not start within %.0fs (see "
+                            "--start-timeout); killing it",
+                            child.slot,
+                            proc.pid,
+                            self.start_seconds,
+                        )
                     proc.kill()
                     proc.wait()
                     code = -signal.SIGKILL
@@ -175,7 +186,13 @@ class Supervisor:
             return False
 
     def _stuck(self, child: _Child, now: float) -> bool:
-        if child.liveness is None or now - child.started < self.stuck_seconds:
+        if child.liveness is None:
+            return False
+        if not self._got_going(child):
+            # Still importing the application (a large framework can take a while): the loop has
+            # not touched the file yet, so judge it by the start-up allowance instead.
+            return now - child.started > self.start_seconds
+        if now - child.started < self.stuck_seconds:
             return False
         try:
             age = time.time() - child.liveness.stat().st_mtime
