@@ -101,18 +101,25 @@ def counter_samples(metric: str, key: tuple[str, ...], n: float) -> list[tuple[S
     return [((metric, "total", key, ""), n)]
 
 
-def histogram_samples(
-    metric: str, key: tuple[str, ...], bounds: Sequence[float], values: Iterable[float]
-) -> list[tuple[Sample, float]]:
-    """The bucket and sum increments of observing ``values`` (``bounds`` ends with +Inf)."""
-    from prometheus_client.utils import floatToGoString
-
+def bucket_counts(bounds: Sequence[float], values: Iterable[float]) -> dict[int, int]:
+    """How many of ``values`` fall in each bucket (by index; ``bounds`` ends with +Inf)."""
     counts: dict[int, int] = {}
-    total = 0.0
     for v in values:
         i = bisect_left(bounds, v)
         counts[i] = counts.get(i, 0) + 1
-        total += v
+    return counts
+
+
+def histogram_samples(
+    metric: str,
+    key: tuple[str, ...],
+    bounds: Sequence[float],
+    counts: dict[int, int],
+    total: float,
+) -> list[tuple[Sample, float]]:
+    """The bucket and sum increments of an observation batch (see ``bucket_counts``)."""
+    from prometheus_client.utils import floatToGoString
+
     out: list[tuple[Sample, float]] = [
         ((metric, "bucket", key, floatToGoString(bounds[i])), n) for i, n in counts.items()
     ]

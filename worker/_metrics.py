@@ -34,7 +34,6 @@ import os
 import shutil
 import tempfile
 import threading
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -43,6 +42,7 @@ from ._hooks import Hooks, subscribe
 from ._journal import (
     Journal,
     Sample,
+    bucket_counts,
     counter_samples,
     histogram_samples,
     journal_paths,
@@ -234,7 +234,7 @@ def _on_event(event: str, **fields: Any) -> None:
                 m.cron_from_bus += count
 
 
-def _observe_many(child: Any, values: list[float]) -> None:
+def _observe_many(child: Any, values: list[float], counts: dict[int, int] | None = None) -> None:
     """Add a batch of observations to one histogram child with one increment per bucket touched.
 
     prometheus-client has no batch API; its ``observe`` costs a lock (and, in multiprocess mode,
@@ -248,10 +248,8 @@ def _observe_many(child: Any, values: list[float]) -> None:
         for v in values:
             child.observe(v)
         return
-    counts: dict[int, int] = {}
-    for v in values:
-        i = bisect_left(bounds, v)
-        counts[i] = counts.get(i, 0) + 1
+    if counts is None:
+        counts = bucket_counts(bounds, values)
     for i, n in counts.items():
         buckets[i].inc(n)
     total.inc(sum(values))
@@ -388,10 +386,14 @@ class MetricsHooks(Hooks):
 
     def _observe(self, children: _Children, key: tuple[str, ...], values: list[float]) -> None:
         child = children(key)
-        samples = []
-        if self._journal is not None:
-            samples = histogram_samples(children.name, key, child._upper_bounds, values)
-        self._count(partial(_observe_many, child, values), samples)
+        bounds = getattr(child, "_upper_bounds", None)
+        if self._journal is None or bounds is None:
+            self._count(partial(_observe_many, child, values), [])
+            return
+        # Bucketed once, for the journal and for the histogram alike.
+        counts = bucket_counts(bounds, values)
+        samples = histogram_samples(children.name, key, bounds, counts, sum(values))
+        self._count(partial(_observe_many, child, values, counts), samples)
 
     # the hot path
 
@@ -418,8 +420,12 @@ class MetricsHooks(Hooks):
         self._observe(self._batch, (rows[0].queue,), [float(len(rows))])
         if self._tx is not None:
             self._tx.xid = self._tx.xid or rows[0].xid
-            ids = [r.id for r in rows]
-            self._tx.on_rollback.append(lambda: [labels.pop(i, None) for i in ids])
+
+            def forget() -> None:  # the claim rolled back: these rows are not ours
+                for r in rows:
+                    labels.pop(r.id, None)
+
+            self._tx.on_rollback.append(forget)
         if len(labels) > self._limit:
             self._trim()
         self.m.in_flight.set(len(labels))
