@@ -16,12 +16,25 @@ from typing import Any
 import psycopg
 import pytest
 
-from worker._embedded import EmbeddedPostgres
+from worker.dev.embedded import EmbeddedPostgres
 from worker._migrate import migrate
 from worker._registry import Registry
 from worker._worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Modules whose every test starts PostgreSQL servers of its own (or processes that do).
+_SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a database ``db``, so ``pytest -m "not db"`` runs the rest (SQL
+    parsing, backoff, cron arithmetic, journal records, escaping, redaction, layout) in seconds."""
+    for item in items:
+        module = getattr(item, "module", None)
+        name = module.__name__.rsplit(".", 1)[-1] if module else ""
+        if "pg_dsn" in getattr(item, "fixturenames", ()) or name in _SERVER_MODULES:
+            item.add_marker(pytest.mark.db)
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,6 @@ def slow(payload: dict[str, Any], ctx: worker.Context) -> None:
     _record(ctx, started)
 
 
-
 @worker.task("hog", max_attempts=2)
 def hog(payload: dict[str, Any]) -> None:
     """Hangs its whole process: a catastrophically backtracking regex runs in C holding the GIL

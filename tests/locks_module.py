@@ -23,15 +23,22 @@ import worker
 
 
 def contend(
-    dsn: str, schema: str, name: str, start: float, slots: int, period: float, ttl: float,
+    dsn: str,
+    schema: str,
+    name: str,
+    start: float,
+    slots: int,
+    period: float,
+    ttl: float,
     threads: int,
 ) -> None:
     barrier = threading.Barrier(threads)
 
     def run() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(
-            dsn, autocommit=True
-        ) as record:
+        with (
+            psycopg.connect(dsn, autocommit=True) as conn,
+            psycopg.connect(dsn, autocommit=True) as record,
+        ):
             lock = worker.ExclusiveLock(conn, name, ttl=ttl, schema=schema)
             barrier.wait()
             for slot in range(slots):
@@ -75,8 +82,9 @@ def main(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "contend":
         dsn, schema, name, start, slots, period, ttl, threads = rest
-        contend(dsn, schema, name, float(start), int(slots), float(period), float(ttl),
-                int(threads))
+        contend(
+            dsn, schema, name, float(start), int(slots), float(period), float(ttl), int(threads)
+        )
     elif mode == "hold":
         dsn, schema, name, ttl = rest
         hold(dsn, schema, name, float(ttl))

@@ -37,8 +37,9 @@ def test_missing_schema_says_to_migrate(pg_dsn: str) -> None:
 
 
 def test_bad_module_path_is_one_line(pg_dsn: str, schema: str) -> None:
-    line = _one_line_error(run_cli("run", "no_such_module_xyz", "--dsn", pg_dsn,
-                                   "--schema", schema))
+    line = _one_line_error(
+        run_cli("run", "no_such_module_xyz", "--dsn", pg_dsn, "--schema", schema)
+    )
     assert "cannot import module 'no_such_module_xyz'" in line
 
 
@@ -96,13 +97,17 @@ def test_enqueue_status_cancel_retry_round_trip(
     again = run_cli("cancel", str(delayed_id), *common)
     assert again.returncode == 1 and "it is cancelled" in again.stderr
 
-    conn.execute(f"UPDATE {schema}.tasks SET state = 'failed', attempts = 5,"
-                 " last_error = 'ValueError: x' WHERE id = %s", (task_id,))
+    conn.execute(
+        f"UPDATE {schema}.tasks SET state = 'failed', attempts = 5,"
+        " last_error = 'ValueError: x' WHERE id = %s",
+        (task_id,),
+    )
     text = run_cli("status", *common).stdout
     assert "recent failed tasks" in text and "ValueError: x" in text
     assert run_cli("retry", str(task_id), *common).returncode == 0
-    row = conn.execute(f"SELECT state::text, attempts FROM {schema}.tasks WHERE id = %s",
-                       (task_id,)).fetchone()
+    row = conn.execute(
+        f"SELECT state::text, attempts FROM {schema}.tasks WHERE id = %s", (task_id,)
+    ).fetchone()
     assert row == ("queued", 0)
     conn.execute(f"UPDATE {schema}.tasks SET state = 'failed' WHERE id = %s", (task_id,))
     r = run_cli("retry", "--failed", *common)
@@ -115,8 +120,10 @@ def test_dsn_command_prints_the_configured_dsn(pg_dsn: str) -> None:
 
 
 def _executions_table(conn: psycopg.Connection, schema: str) -> None:
-    conn.execute(f"CREATE TABLE {schema}.executions (task_id bigint, attempt int, pid int,"
-                 " started timestamptz, finished timestamptz)")
+    conn.execute(
+        f"CREATE TABLE {schema}.executions (task_id bigint, attempt int, pid int,"
+        " started timestamptz, finished timestamptz)"
+    )
 
 
 def test_run_burst_processes_everything_then_exits(
@@ -124,23 +131,45 @@ def test_run_burst_processes_everything_then_exits(
 ) -> None:
     _executions_table(conn, schema)
     conn.execute(f"INSERT INTO {schema}.tasks (task) SELECT 'record' FROM generate_series(1, 300)")
-    r = run_cli("run", "tasks_module", "--burst", "--processes", "1", "--dsn", pg_dsn,
-                "--schema", schema, env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema},
-                timeout=120)
+    r = run_cli(
+        "run",
+        "tasks_module",
+        "--burst",
+        "--processes",
+        "1",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert states(conn, schema) == {"done": 300}
 
 
-def test_sigterm_stops_a_worker_gracefully(pg_dsn: str, schema: str,
-                                           conn: psycopg.Connection) -> None:
+def test_sigterm_stops_a_worker_gracefully(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
     _executions_table(conn, schema)
-    proc = spawn_cli("run", "tasks_module", "--processes", "1", "--dsn", pg_dsn,
-                     "--schema", schema, "--grace", "10",
-                     env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema})
+    proc = spawn_cli(
+        "run",
+        "tasks_module",
+        "--processes",
+        "1",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        "--grace",
+        "10",
+        env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema},
+    )
     try:
         wait_until(lambda: conn.execute(f"SELECT count(*) FROM {schema}.workers").fetchone()[0])
-        conn.execute(f"INSERT INTO {schema}.tasks (task, payload) VALUES"
-                     " ('slow', '{\"sleep\": 1}')")
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, payload) VALUES ('slow', '{{\"sleep\": 1}}')"
+        )
         wait_until(lambda: states(conn, schema).get("in_progress") == 1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -157,11 +186,26 @@ def test_two_worker_processes_share_the_work_and_never_run_a_task_twice(
     part, and no task ever has two overlapping executions."""
     _executions_table(conn, schema)
     n = 4000
-    conn.execute(f"INSERT INTO {schema}.tasks (task, payload) SELECT 'record',"
-                 " jsonb_build_object('sleep', 0.001) FROM generate_series(1, %s)", (n,))
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, payload) SELECT 'record',"
+        " jsonb_build_object('sleep', 0.001) FROM generate_series(1, %s)",
+        (n,),
+    )
     env = {"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema}
-    args = ["run", "tasks_module", "--processes", "1", "--concurrency", "8", "--batch-size", "20",
-            "--dsn", pg_dsn, "--schema", schema]
+    args = [
+        "run",
+        "tasks_module",
+        "--processes",
+        "1",
+        "--concurrency",
+        "8",
+        "--batch-size",
+        "20",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+    ]
     procs = [spawn_cli(*args, env=env) for _ in range(2)]
     try:
         wait_until(lambda: states(conn, schema) == {"done": n}, timeout=120, interval=0.2)

@@ -87,8 +87,15 @@ def test_other_bad_settings_are_one_line_errors() -> None:
 def test_decorator_registers_the_task_and_the_schedule() -> None:
     reg = worker.Registry()
 
-    @worker.cron("*/5 * * * *", name="cleanup", queue="maintenance", payload={"days": 7},
-                 tz="Europe/Paris", tasks=reg, max_attempts=2)
+    @worker.cron(
+        "*/5 * * * *",
+        name="cleanup",
+        queue="maintenance",
+        payload={"days": 7},
+        tz="Europe/Paris",
+        tasks=reg,
+        max_attempts=2,
+    )
     def cleanup(payload: dict) -> None:
         pass
 
@@ -98,8 +105,14 @@ def test_decorator_registers_the_task_and_the_schedule() -> None:
     s = _cron.schedules.get("cleanup")
     assert s is not None
     assert (s.task, s.queue, s.payload, s.tz, s.catch_up, s.max_attempts) == (
-        "cleanup", "maintenance", {"days": 7}, "Europe/Paris", "once", 2,
+        "cleanup",
+        "maintenance",
+        {"days": 7},
+        "Europe/Paris",
+        "once",
+        2,
     )
+
     # Stacked on @task: the task keeps its own name.
     @worker.cron("0 * * * *", name="hourly")
     @reg.task("stats.hourly", queue="stats")
@@ -183,8 +196,12 @@ def test_never_enqueues_a_slot_older_than_the_retention_horizon(
     assert ticker.tick(conn) == 0
     assert _rows(conn, schema) == []
     # Even a clock-skewed process that offers an old slot directly gets nothing inserted.
-    late = _cron.Ticker(schema, [_cron.make_schedule("daily", expr)], horizon_seconds=3600,
-                        clock=lambda: slot + timedelta(seconds=1))
+    late = _cron.Ticker(
+        schema,
+        [_cron.make_schedule("daily", expr)],
+        horizon_seconds=3600,
+        clock=lambda: slot + timedelta(seconds=1),
+    )
     late._registered = True
     late._states[0].cursor = slot - timedelta(seconds=1)
     late._states[0].next_due = slot
@@ -201,8 +218,11 @@ def test_a_purged_slot_is_not_enqueued_again_by_a_late_process(
     wait_until(lambda: ticker.tick(conn), timeout=5)
     (slot,) = [r[1] for r in _rows(conn, schema)][-1:]
     conn.execute(f"DELETE FROM {schema}.tasks")  # the purge did its job
-    late = _cron.Ticker(schema, [_cron.make_schedule("fast", "* * * * * *")],
-                        clock=lambda: slot + timedelta(milliseconds=500))
+    late = _cron.Ticker(
+        schema,
+        [_cron.make_schedule("fast", "* * * * * *")],
+        clock=lambda: slot + timedelta(milliseconds=500),
+    )
     late._registered = True
     late._states[0].cursor = slot - timedelta(seconds=1)
     late._states[0].next_due = slot
@@ -210,9 +230,7 @@ def test_a_purged_slot_is_not_enqueued_again_by_a_late_process(
     assert _rows(conn, schema) == []
 
 
-def test_a_new_schedule_does_not_run_its_past_slots(
-    conn: psycopg.Connection, schema: str
-) -> None:
+def test_a_new_schedule_does_not_run_its_past_slots(conn: psycopg.Connection, schema: str) -> None:
     expr, _ = _daily_slot_hours_ago(3)
     ticker = _cron.Ticker(schema, [_cron.make_schedule("fresh", expr)])
     assert ticker.tick(conn) == 0
@@ -349,8 +367,22 @@ def test_herd_of_worker_processes_enqueues_every_slot_exactly_once(
         " started timestamptz, finished timestamptz)"
     )
     env = {"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema}
-    args = ["run", "cron_module", "--processes", "1", "--concurrency", "2", "--dsn", pg_dsn,
-            "--schema", schema, "--keep-done", "86400", "--log-level", "WARNING"]
+    args = [
+        "run",
+        "cron_module",
+        "--processes",
+        "1",
+        "--concurrency",
+        "2",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        "--keep-done",
+        "86400",
+        "--log-level",
+        "WARNING",
+    ]
     logs = [open(tmp_path / f"w{i}.log", "w") for i in range(8)]  # noqa: SIM115
     procs = [spawn_cli(*args, env=env, stderr=f) for f in logs]
     try:
@@ -372,9 +404,12 @@ def test_herd_of_worker_processes_enqueues_every_slot_exactly_once(
     assert [p.returncode for p in procs] == [0] * 8, [
         (tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(8)
     ]
-    slots = [r[0] for r in conn.execute(
-        f"SELECT cron_at FROM {schema}.tasks WHERE cron_key = 'every_second' ORDER BY cron_at"
-    )]
+    slots = [
+        r[0]
+        for r in conn.execute(
+            f"SELECT cron_at FROM {schema}.tasks WHERE cron_key = 'every_second' ORDER BY cron_at"
+        )
+    ]
     assert len(slots) >= 22, slots
     assert slots == [slots[0] + timedelta(seconds=i) for i in range(len(slots))], "gap or dup"
     # Every run that finished ran once; the last one or two may have been handed back on stop.
@@ -384,9 +419,7 @@ def test_herd_of_worker_processes_enqueues_every_slot_exactly_once(
     ).fetchone()
     assert runs == distinct == done >= len(slots) - 2
     # The load was shared: more than one process ran the schedule's tasks.
-    assert conn.execute(
-        f"SELECT count(DISTINCT pid) FROM {schema}.executions"
-    ).fetchone()[0] >= 2
+    assert conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.executions").fetchone()[0] >= 2
     last = conn.execute(
         f"SELECT last_slot FROM {schema}.cron_schedules WHERE key = 'every_second'"
     ).fetchone()[0]

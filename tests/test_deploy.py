@@ -22,8 +22,8 @@ from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import worker
-from worker._cli import build_parser
-from worker._metrics import DATABASE_METRICS, WORKER_METRICS, exported_series
+from worker.cli import build_parser
+from worker.monitor.instruments import DATABASE_METRICS, WORKER_METRICS, exported_series
 from worker._registry import Registry
 from worker._worker import WorkerConfig
 
@@ -360,7 +360,7 @@ def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
 
 def _psql() -> str | None:
     try:
-        from worker._embedded import find_pg_bin
+        from worker.dev.embedded import find_pg_bin
 
         candidate = Path(find_pg_bin()) / "psql"
         if candidate.exists():
@@ -486,7 +486,7 @@ def test_worker_role_runs_a_worker_but_cannot_change_the_schema(
 
     from test_metrics import fetch
 
-    from worker._metrics import serve
+    from worker.monitor.server import serve
 
     server = serve("127.0.0.1", 0, dsn=dsn, schema=schema, ttl=0)
     try:

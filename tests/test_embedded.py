@@ -19,8 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from worker import _embedded as embedded
-from worker._embedded import (
+from worker.dev import embedded, pginstall
+from worker.dev.embedded import (
     EmbeddedError,
     EmbeddedPostgres,
     default_data_dir,
@@ -198,7 +198,7 @@ def test_concurrent_start_from_processes(make_server: Factory) -> None:
     server = make_server()  # registered for teardown; the children start it
     code = (
         "import sys; from pathlib import Path;"
-        "from worker._embedded import EmbeddedPostgres;"
+        "from worker.dev.embedded import EmbeddedPostgres;"
         "print(EmbeddedPostgres(Path(sys.argv[1]), durable=False).start())"
     )
     children = [
@@ -238,8 +238,8 @@ def test_no_binaries_anywhere_is_one_line_error(
 ) -> None:
     # Hide every source of binaries (not the database: nothing gets started here).
     monkeypatch.delenv("WORKER_PG_BIN", raising=False)
-    monkeypatch.setattr(embedded, "_pgserver_install", lambda: None)
-    monkeypatch.setattr(embedded.glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(pginstall, "_pgserver_install", lambda: None)
+    monkeypatch.setattr(pginstall.glob, "glob", lambda pattern: [])
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EmbeddedError) as caught:
         EmbeddedPostgres(tmp_path / "pgdata").start()
@@ -253,7 +253,7 @@ def test_pgserver_binaries_are_preferred(monkeypatch: pytest.MonkeyPatch) -> Non
     assert find_pg_bin().parts[-3:] == ("pgserver", "pginstall", "bin")
     # Locating them must not import pgserver (it registers atexit hooks and runtime dirs).
     code = (
-        "import sys; from worker._embedded import find_pg_bin; find_pg_bin();"
+        "import sys; from worker.dev.embedded import find_pg_bin; find_pg_bin();"
         "print('pgserver' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != "WORKER_PG_BIN"}

@@ -63,8 +63,9 @@ def test_dedupe_key_returns_the_existing_task_while_it_is_active(
     assert again == first and other != first
     assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone()[0] == 2
     # Once the task is finished the key is free again.
-    conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now() WHERE id = %s",
-                 (first,))
+    conn.execute(
+        f"UPDATE {schema}.tasks SET state = 'done', finished_at = now() WHERE id = %s", (first,)
+    )
     fresh = worker.enqueue(conn, "job", {"n": 4}, dedupe_key="k1", schema=schema)
     assert fresh not in (first, other)
 
@@ -119,8 +120,15 @@ def test_enqueue_uses_the_registered_tasks_queue(conn: psycopg.Connection, schem
 
 def test_enqueue_many_copies_rows(conn: psycopg.Connection, schema: str) -> None:
     when = datetime.now(UTC) + timedelta(minutes=5)
-    n = worker.enqueue_many(conn, "bulk", ({"i": i} for i in range(5000)), queue="bulkq",
-                            priority=3, run_at=when, schema=schema)
+    n = worker.enqueue_many(
+        conn,
+        "bulk",
+        ({"i": i} for i in range(5000)),
+        queue="bulkq",
+        priority=3,
+        run_at=when,
+        schema=schema,
+    )
     assert n == 5000
     row = conn.execute(
         f"SELECT count(*), count(DISTINCT payload->>'i'), min(queue), max(priority),"
@@ -130,8 +138,9 @@ def test_enqueue_many_copies_rows(conn: psycopg.Connection, schema: str) -> None
     assert row == (5000, 5000, "bulkq", 3, True)
 
 
-def test_bulk_inserts_send_one_notification(pg_dsn: str, conn: psycopg.Connection,
-                                            schema: str) -> None:
+def test_bulk_inserts_send_one_notification(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as listener:
         listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(schema))))
         worker.enqueue_many(conn, "bulk", ({"i": i} for i in range(2000)), schema=schema)
@@ -176,8 +185,9 @@ def test_database_rejects_invalid_rows_from_sql(conn: psycopg.Connection, schema
             conn.execute(bad)
 
 
-def test_enqueue_async_with_connection_and_pool(pg_dsn: str, schema: str,
-                                                conn: psycopg.Connection) -> None:
+def test_enqueue_async_with_connection_and_pool(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
     import asyncio
 
     from psycopg_pool import AsyncConnectionPool

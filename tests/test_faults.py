@@ -29,7 +29,7 @@ from test_pool import (
 
 import worker
 from worker import _transitions as tr
-from worker._embedded import EmbeddedPostgres
+from worker.dev.embedded import EmbeddedPostgres
 from worker._migrate import migrate
 from worker._sql import queries
 from worker._worker import WorkerConfig
@@ -94,8 +94,9 @@ def test_database_restart_mid_run(private_server: EmbeddedPostgres) -> None:
     _prepare(dsn, schema, n)
     args = run_args(dsn, schema, "--processes", "2", "--concurrency", "8", "--lease", "5")
     with spawned(*args, env=worker_env(dsn, schema)) as sup:
-        wait_until(lambda: (_states(dsn, schema) or {}).get("done", 0) >= n // 5,
-                   timeout=40, interval=0.1)
+        wait_until(
+            lambda: (_states(dsn, schema) or {}).get("done", 0) >= n // 5, timeout=40, interval=0.1
+        )
         before = child_pids(sup)
         private_server.stop()
         time.sleep(2)
@@ -118,11 +119,22 @@ def test_an_outage_longer_than_the_stuck_limit_kills_no_worker(
     schema, n = "faults", 4000
     stuck_after = 8.0
     _prepare(dsn, schema, n)
-    args = run_args(dsn, schema, "--processes", "2", "--concurrency", "8", "--lease", "5",
-                    "--stuck-after", str(stuck_after))
+    args = run_args(
+        dsn,
+        schema,
+        "--processes",
+        "2",
+        "--concurrency",
+        "8",
+        "--lease",
+        "5",
+        "--stuck-after",
+        str(stuck_after),
+    )
     with spawned(*args, env=worker_env(dsn, schema)) as sup:
-        wait_until(lambda: (_states(dsn, schema) or {}).get("done", 0) >= n // 5,
-                   timeout=40, interval=0.1)
+        wait_until(
+            lambda: (_states(dsn, schema) or {}).get("done", 0) >= n // 5, timeout=40, interval=0.1
+        )
         before = child_pids(sup)
         private_server.stop()
         victim, survivor = sorted(before)
@@ -141,8 +153,7 @@ def test_an_outage_longer_than_the_stuck_limit_kills_no_worker(
         _assert_every_task_ran(c, schema)
 
 
-def test_terminated_connections_mid_run(pg_dsn: str, schema: str,
-                                        conn: psycopg.Connection) -> None:
+def test_terminated_connections_mid_run(pg_dsn: str, schema: str, conn: psycopg.Connection) -> None:
     """Every connection of the workers (pool, LISTEN, the handlers' own) is killed with
     pg_terminate_backend again and again during a run. The processes survive and the run
     completes. The workers are told apart by their application_name."""
@@ -155,13 +166,23 @@ def test_terminated_connections_mid_run(pg_dsn: str, schema: str,
     rng = random.Random(7)
     terminated = rounds = 0
     with spawned(*args, env=worker_env(dsn, schema)) as sup:
-        wait_until(lambda: conn.execute(
-            f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'").fetchone()[0] > 0,
-            timeout=30)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+                ).fetchone()[0]
+                > 0
+            ),
+            timeout=30,
+        )
         before = child_pids(sup)
-        while rounds < 15 and conn.execute(
-            f"SELECT count(*) FROM {schema}.tasks WHERE state <> 'done'"
-        ).fetchone()[0] > n // 10:
+        while (
+            rounds < 15
+            and conn.execute(
+                f"SELECT count(*) FROM {schema}.tasks WHERE state <> 'done'"
+            ).fetchone()[0]
+            > n // 10
+        ):
             terminated += conn.execute(
                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE application_name = %s AND pid <> pg_backend_pid()",
@@ -169,9 +190,16 @@ def test_terminated_connections_mid_run(pg_dsn: str, schema: str,
             ).fetchone()[0]
             rounds += 1
             time.sleep(rng.uniform(0.2, 0.5))
-        wait_until(lambda: conn.execute(
-            f"SELECT count(*) FILTER (WHERE state = 'done') FROM {schema}.tasks"
-        ).fetchone()[0] == n, timeout=60, interval=0.25)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FILTER (WHERE state = 'done') FROM {schema}.tasks"
+                ).fetchone()[0]
+                == n
+            ),
+            timeout=60,
+            interval=0.25,
+        )
         assert sup.poll() is None
         assert child_pids(sup) == before
     assert rounds >= 5 and terminated >= rounds, (rounds, terminated)
@@ -200,7 +228,8 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
     def row() -> tuple[Any, ...]:
         return conn.execute(
             f"SELECT state::text, worker_id::text, attempts, lease_expires_at, last_error"
-            f" FROM {schema}.tasks WHERE id = %s", (task_id,)
+            f" FROM {schema}.tasks WHERE id = %s",
+            (task_id,),
         ).fetchone()
 
     before = row()
@@ -235,8 +264,7 @@ def test_a_worker_whose_heartbeats_stop_loses_its_row_to_another_worker(
         (a_go if ctx.attempt == 1 else b_go).wait(30)
 
     def config(**kw: Any) -> WorkerConfig:
-        return WorkerConfig(dsn=pg_dsn, schema=schema, poll_interval=0.1, lease_seconds=1.0,
-                            **kw)
+        return WorkerConfig(dsn=pg_dsn, schema=schema, poll_interval=0.1, lease_seconds=1.0, **kw)
 
     task_id = worker.enqueue(conn, "hold", {}, schema=schema)
     a = ThreadWorker(config(concurrency=1), reg)
@@ -252,19 +280,26 @@ def test_a_worker_whose_heartbeats_stop_loses_its_row_to_another_worker(
                 wait_until(lambda: f"could not complete task {task_id}" in caplog.text)
                 state, owner, attempts = conn.execute(
                     f"SELECT state::text, worker_id::text, attempts FROM {schema}.tasks"
-                    " WHERE id = %s", (task_id,)
+                    " WHERE id = %s",
+                    (task_id,),
                 ).fetchone()
                 assert (state, owner, attempts) == ("in_progress", b.worker.id, 2)
                 b_go.set()
-                wait_until(lambda: conn.execute(
-                    f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (task_id,)
-                ).fetchone()[0] == "done")
+                wait_until(
+                    lambda: (
+                        conn.execute(
+                            f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (task_id,)
+                        ).fetchone()[0]
+                        == "done"
+                    )
+                )
     finally:
         a_go.set()
         b_go.set()
     state, owner, attempts, error = conn.execute(
         f"SELECT state::text, worker_id::text, attempts, last_error FROM {schema}.tasks"
-        " WHERE id = %s", (task_id,)
+        " WHERE id = %s",
+        (task_id,),
     ).fetchone()
     assert (state, owner, attempts) == ("done", b.worker.id, 2)
     assert error.startswith("LeaseExpired:") and a.worker.id in error

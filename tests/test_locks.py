@@ -211,9 +211,7 @@ def test_hold_extends_in_the_background_and_a_lost_lock_stops_the_job(
     assert row == (other.holder,)
 
 
-def test_exclusive_decorator_runs_one_of_many_concurrent_calls(
-    pg_dsn: str, schema: str
-) -> None:
+def test_exclusive_decorator_runs_one_of_many_concurrent_calls(pg_dsn: str, schema: str) -> None:
     runs: list[str] = []
     gate = threading.Event()
 
@@ -225,8 +223,9 @@ def test_exclusive_decorator_runs_one_of_many_concurrent_calls(
         return label
 
     results: list[str | None] = []
-    threads = [threading.Thread(target=lambda i=i: results.append(nightly(f"t{i}")))
-               for i in range(8)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(nightly(f"t{i}"))) for i in range(8)
+    ]
     for t in threads:
         t.start()
     wait_until(lambda: runs)
@@ -259,8 +258,14 @@ def test_exclusive_stacks_under_task_and_keeps_the_handler_signature(
         wait_until(lambda: ran)
         # The lock is left to expire (no release): a second run within the ttl is skipped.
         worker.enqueue(conn, "guarded", {}, schema=schema)
-        wait_until(lambda: conn.execute(
-            f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'").fetchone()[0] == 2)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+                ).fetchone()[0]
+                == 2
+            )
+        )
     assert ran == [first]
     held = conn.execute(
         f"SELECT expires_at > now() FROM {schema}.locks WHERE name = 'guarded'"
@@ -292,8 +297,17 @@ def test_many_contending_processes_and_threads_one_winner_per_slot(
     slots, period, ttl = 8, 2.0, 1.5
     start = time.time() + 3.0
     procs = [
-        _spawn("contend", pg_dsn, schema, "singleton", f"{start}", f"{slots}", f"{period}",
-               f"{ttl}", "4")
+        _spawn(
+            "contend",
+            pg_dsn,
+            schema,
+            "singleton",
+            f"{start}",
+            f"{slots}",
+            f"{period}",
+            f"{ttl}",
+            "4",
+        )
         for _ in range(4)
     ]
     try:
@@ -367,7 +381,9 @@ def test_advisory_keys_are_stable_two_int4s_with_the_namespace_first() -> None:
     # Stable across processes (Python's own hash() is salted per process).
     out = subprocess.run(
         [sys.executable, "-c", "import worker; print(worker.advisory_keys('nightly-report'))"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert out == str((k1, k2))
 
@@ -393,7 +409,10 @@ def test_advisory_xact_lock_commits_writes_with_the_release(
     with worker.advisory_lock(conn, "sync") as lock:
         assert lock.acquired
     assert [f["won"] for e, f in events if e == "lock" and f["kind"] == "advisory"] == [
-        True, False, True, True,
+        True,
+        False,
+        True,
+        True,
     ]
 
 

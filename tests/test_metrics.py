@@ -21,15 +21,11 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 import worker
-from worker._embedded import EmbeddedPostgres
+from worker.dev.embedded import EmbeddedPostgres
 from worker._hooks import emit
-from worker._metrics import (
-    UNREGISTERED,
-    MetricsHooks,
-    exported_series,
-    instruments,
-    serve,
-)
+from worker.monitor.instruments import UNREGISTERED, exported_series, instruments
+from worker.monitor.metrics import MetricsHooks
+from worker.monitor.server import serve
 from worker._migrate import migrate
 from worker._registry import Registry
 from worker._worker import WorkerConfig
@@ -157,7 +153,7 @@ def test_batched_histogram_matches_one_by_one_observation() -> None:
     """The batch path of the hooks must put values in the same buckets as ``observe`` does."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from worker._metrics import DURATION_BUCKETS, _observe_many
+    from worker.monitor.instruments import DURATION_BUCKETS, _observe_many
 
     registry = CollectorRegistry()
     a = Histogram("a_seconds", "a", buckets=DURATION_BUCKETS, registry=registry)
@@ -248,7 +244,7 @@ def test_db_errors_and_reconnects() -> None:
 def test_a_torn_journal_write_leaves_the_previous_record(tmp_path: Path) -> None:
     """A kill in the middle of a journal write must not leave a record the supervisor would
     trust: the half-written one fails its checksum and the previous one is read instead."""
-    from worker._journal import Journal, _read_record, counter_samples, journal_paths
+    from worker.monitor.journal import Journal, _read_record, counter_samples, journal_paths
 
     journal = Journal(str(tmp_path), 4242)
     key = ("default", "t")
@@ -274,7 +270,7 @@ def test_a_journal_that_cannot_be_written_never_stops_the_work(
 ) -> None:
     """The journal lives on local disk, which can fill up or vanish. A write that fails must cost
     only the guarantee across kills: one warning, and every task is still done and counted."""
-    from worker._journal import Journal
+    from worker.monitor.journal import Journal
 
     queue = f"jq_{uuid.uuid4().hex[:8]}"
     reg = Registry()
@@ -605,7 +601,8 @@ def test_children_without_a_metrics_port_count_nothing(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
     """Without --metrics-port nobody serves the numbers, so workers must not pay for them."""
-    from worker._cli import _worker_hooks, build_parser
+    from worker.cli import build_parser
+    from worker.cli.run import _worker_hooks
     from worker._hooks import Hooks
 
     args = build_parser().parse_args(["run", "m", "--processes", "1", "--child"])

@@ -53,10 +53,16 @@ def bouncer_dsn(pg_dsn: str) -> Iterator[str]:
     if os.geteuid() == 0:  # pgbouncer refuses to run as root
         user = "worker-pg" if _user_exists("worker-pg") else "nobody"
         shutil.chown(folder, user)
-    proc = subprocess.Popen([PGBOUNCER, str(folder / "pgbouncer.ini")], user=user,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dsn = f"postgresql://{target.get('user', 'postgres')}@127.0.0.1:{port}/" \
-          f"{target.get('dbname', 'postgres')}"
+    proc = subprocess.Popen(
+        [PGBOUNCER, str(folder / "pgbouncer.ini")],
+        user=user,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    dsn = (
+        f"postgresql://{target.get('user', 'postgres')}@127.0.0.1:{port}/"
+        f"{target.get('dbname', 'postgres')}"
+    )
     try:
         wait_until(lambda: _accepts(dsn), timeout=15)
         yield dsn
@@ -88,15 +94,31 @@ def test_migrate_and_run_through_transaction_pooling(
     bouncer_dsn: str, pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
     assert run_cli("migrate", "--dsn", bouncer_dsn, "--schema", schema).returncode == 0
-    conn.execute(f"CREATE TABLE {schema}.executions (task_id bigint, attempt int, pid int,"
-                 " started timestamptz, finished timestamptz)")
+    conn.execute(
+        f"CREATE TABLE {schema}.executions (task_id bigint, attempt int, pid int,"
+        " started timestamptz, finished timestamptz)"
+    )
     conn.execute(f"INSERT INTO {schema}.tasks (task) SELECT 'record' FROM generate_series(1, 600)")
     # Three processes share two server connections, so consecutive statements of one client
     # land on different server connections: prepared statements would break here.
-    r = run_cli("run", "tasks_module", "--pgbouncer", "--burst", "--processes", "3",
-                "--batch-size", "10", "--concurrency", "4", "--dsn", bouncer_dsn,
-                "--schema", schema, env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema},
-                timeout=120)
+    r = run_cli(
+        "run",
+        "tasks_module",
+        "--pgbouncer",
+        "--burst",
+        "--processes",
+        "3",
+        "--batch-size",
+        "10",
+        "--concurrency",
+        "4",
+        "--dsn",
+        bouncer_dsn,
+        "--schema",
+        schema,
+        env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "prepared statement" not in r.stderr
     assert states(conn, schema) == {"done": 600}

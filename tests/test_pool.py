@@ -107,8 +107,15 @@ def db_now(conn: psycopg.Connection) -> datetime:
     return conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
 
-def enqueue_sql(conn: psycopg.Connection, schema: str, task: str, n: int, *,
-                sleep: float = 0.0, max_attempts: int = 20) -> list[int]:
+def enqueue_sql(
+    conn: psycopg.Connection,
+    schema: str,
+    task: str,
+    n: int,
+    *,
+    sleep: float = 0.0,
+    max_attempts: int = 20,
+) -> list[int]:
     rows = conn.execute(
         f"INSERT INTO {schema}.tasks (task, payload, max_attempts)"
         " SELECT %s, jsonb_build_object('sleep', %s::float8), %s"
@@ -146,8 +153,20 @@ def test_chaos_sigkill_children_loses_nothing_and_repeats_only_killed_runs(
     enqueue_sql(conn, schema, "record", n, sleep=0.002)
     killed: set[int] = set()
     rng = random.Random(20240611)
-    args = run_args(pg_dsn, schema, "--processes", "3", "--concurrency", "8", "--lease", "2",
-                    "--batch-size", "8", "--log-level", "WARNING")
+    args = run_args(
+        pg_dsn,
+        schema,
+        "--processes",
+        "3",
+        "--concurrency",
+        "8",
+        "--lease",
+        "2",
+        "--batch-size",
+        "8",
+        "--log-level",
+        "WARNING",
+    )
     with spawned(*args, env=worker_env(pg_dsn, schema)) as sup:
         wait_until(lambda: len(live_workers(conn, schema)) >= 3, timeout=30)
         deadline = time.monotonic() + 45
@@ -157,7 +176,8 @@ def test_chaos_sigkill_children_loses_nothing_and_repeats_only_killed_runs(
                 break
             time.sleep(rng.uniform(0.2, 0.6))
             holders = {
-                pid for (pid,) in conn.execute(
+                pid
+                for (pid,) in conn.execute(
                     f"SELECT DISTINCT w.pid FROM {schema}.tasks t JOIN {schema}.workers w"
                     " ON w.id = t.worker_id WHERE t.state = 'in_progress'"
                 )
@@ -175,18 +195,30 @@ def test_chaos_sigkill_children_loses_nothing_and_repeats_only_killed_runs(
 
     killed_list = sorted(killed)
     q = conn.execute
-    assert q(f"SELECT count(*) FROM {schema}.tasks t WHERE NOT EXISTS"
-             f" (SELECT 1 FROM {schema}.executions e WHERE e.task_id = t.id)").fetchone()[0] == 0
+    assert (
+        q(
+            f"SELECT count(*) FROM {schema}.tasks t WHERE NOT EXISTS"
+            f" (SELECT 1 FROM {schema}.executions e WHERE e.task_id = t.id)"
+        ).fetchone()[0]
+        == 0
+    )
     # The final claim ran to the end, in the process that then completed the row.
-    assert q(f"SELECT count(*) FROM {schema}.tasks t WHERE NOT EXISTS"
-             f" (SELECT 1 FROM {schema}.executions e WHERE e.task_id = t.id"
-             "   AND e.attempt = t.attempts AND e.worker_id = t.worker_id)").fetchone()[0] == 0
+    assert (
+        q(
+            f"SELECT count(*) FROM {schema}.tasks t WHERE NOT EXISTS"
+            f" (SELECT 1 FROM {schema}.executions e WHERE e.task_id = t.id"
+            "   AND e.attempt = t.attempts AND e.worker_id = t.worker_id)"
+        ).fetchone()[0]
+        == 0
+    )
     # Claims are numbered 1..attempts: nothing claimed a task without a record of it.
-    gaps = q(f"SELECT count(*) FROM {schema}.tasks t LEFT JOIN (SELECT task_id, count(*) AS n,"
-             " count(DISTINCT attempt) AS d, min(attempt) AS lo, max(attempt) AS hi"
-             f" FROM {schema}.claims GROUP BY task_id) c ON c.task_id = t.id"
-             " WHERE c.n IS DISTINCT FROM t.attempts OR c.d <> c.n OR c.lo <> 1"
-             " OR c.hi <> t.attempts").fetchone()[0]
+    gaps = q(
+        f"SELECT count(*) FROM {schema}.tasks t LEFT JOIN (SELECT task_id, count(*) AS n,"
+        " count(DISTINCT attempt) AS d, min(attempt) AS lo, max(attempt) AS hi"
+        f" FROM {schema}.claims GROUP BY task_id) c ON c.task_id = t.id"
+        " WHERE c.n IS DISTINCT FROM t.attempts OR c.d <> c.n OR c.lo <> 1"
+        " OR c.hi <> t.attempts"
+    ).fetchone()[0]
     assert gaps == 0
     # Every earlier claim belongs to a killed process...
     innocent_claims = q(
@@ -227,8 +259,18 @@ def test_sigterm_to_the_supervisor_finishes_short_tasks_and_hands_back_long_ones
     in_progress; every process exits 0 within grace + margin."""
     create_tables(conn, schema)
     grace = 3.0
-    args = run_args(pg_dsn, schema, "--processes", "2", "--concurrency", "4",
-                    "--grace", str(grace), "--lease", "10")
+    args = run_args(
+        pg_dsn,
+        schema,
+        "--processes",
+        "2",
+        "--concurrency",
+        "4",
+        "--grace",
+        str(grace),
+        "--lease",
+        "10",
+    )
     with spawned(*args, env=worker_env(pg_dsn, schema)) as sup:
         wait_until(lambda: len(live_workers(conn, schema)) == 2, timeout=30)
         short = enqueue_sql(conn, schema, "slow", 4, sleep=2.0)
@@ -359,8 +401,16 @@ def test_sigkilled_workers_tasks_are_rescued_within_two_leases(
     of attempts becomes failed with LeaseExpired instead of running again."""
     create_tables(conn, schema)
     lease = 2.0
-    flags = ("--processes", "1", "--concurrency", "4", "--lease", str(lease),
-             "--poll-interval", "0.5")
+    flags = (
+        "--processes",
+        "1",
+        "--concurrency",
+        "4",
+        "--lease",
+        str(lease),
+        "--poll-interval",
+        "0.5",
+    )
     env = worker_env(pg_dsn, schema)
     with spawned(*run_args(pg_dsn, schema, *flags), env=env) as a:
         wait_until(lambda: a.pid in live_workers(conn, schema), timeout=30)
@@ -373,15 +423,19 @@ def test_sigkilled_workers_tasks_are_rescued_within_two_leases(
             killed_at = db_now(conn)
             a.kill()
             a.wait()
-            wait_until(lambda: conn.execute(
-                f"SELECT count(*) FROM {schema}.claims WHERE worker_id = %s", (b_id,)
-            ).fetchone()[0] == 3, timeout=30)
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        f"SELECT count(*) FROM {schema}.claims WHERE worker_id = %s", (b_id,)
+                    ).fetchone()[0]
+                    == 3
+                ),
+                timeout=30,
+            )
             reclaimed = conn.execute(
                 f"SELECT max(at) FROM {schema}.claims WHERE worker_id = %s", (b_id,)
             ).fetchone()[0]
-            assert reclaimed - killed_at < timedelta(seconds=2 * lease + 1.0), (
-                reclaimed - killed_at
-            )
+            assert reclaimed - killed_at < timedelta(seconds=2 * lease + 1.0), reclaimed - killed_at
             wait_until(lambda: states(conn, schema) == {"done": 3, "failed": 1}, timeout=30)
     rows = conn.execute(
         f"SELECT id, state::text, attempts, last_error, worker_id::text FROM {schema}.tasks"
@@ -407,15 +461,17 @@ def test_supervisor_replaces_a_killed_child(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
     create_tables(conn, schema)
-    with spawned(*run_args(pg_dsn, schema, "--processes", "2"),
-                 env=worker_env(pg_dsn, schema)) as sup:
+    with spawned(
+        *run_args(pg_dsn, schema, "--processes", "2"), env=worker_env(pg_dsn, schema)
+    ) as sup:
         wait_until(lambda: len(live_workers(conn, schema)) == 2, timeout=30)
         first = child_pids(sup)
         assert first == set(live_workers(conn, schema))
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: len(child_pids(sup) - first) == 1 and victim not in child_pids(sup),
-                   timeout=30)
+        wait_until(
+            lambda: len(child_pids(sup) - first) == 1 and victim not in child_pids(sup), timeout=30
+        )
         new = (child_pids(sup) - first).pop()
         wait_until(lambda: new in live_workers(conn, schema), timeout=30)
         # The replacement works: a task enqueued now is done.
@@ -426,8 +482,9 @@ def test_supervisor_replaces_a_killed_child(
         assert sup.wait(timeout=30) == 0
 
 
-def test_module_crashing_at_import_under_a_pool_is_one_line(tmp_path, pg_dsn: str,
-                                                           schema: str) -> None:
+def test_module_crashing_at_import_under_a_pool_is_one_line(
+    tmp_path, pg_dsn: str, schema: str
+) -> None:
     bad = tmp_path / "crashes_in_pool.py"
     bad.write_text("import worker\nraise RuntimeError('no API key configured')\n")
     r = run_cli("run", str(bad), "--processes", "3", "--dsn", pg_dsn, "--schema", schema)
@@ -460,8 +517,18 @@ def test_a_stopped_child_is_detected_as_stuck_killed_and_replaced(
     the tasks the frozen child held are rescued and done."""
     create_tables(conn, schema)
     stuck_after = 3.0
-    args = run_args(pg_dsn, schema, "--processes", "2", "--concurrency", "2", "--lease", "2",
-                    "--stuck-after", str(stuck_after))
+    args = run_args(
+        pg_dsn,
+        schema,
+        "--processes",
+        "2",
+        "--concurrency",
+        "2",
+        "--lease",
+        "2",
+        "--stuck-after",
+        str(stuck_after),
+    )
     with spawned(*args, env=worker_env(pg_dsn, schema)) as sup:
         wait_until(lambda: len(live_workers(conn, schema)) == 2, timeout=30)
         # Let the supervisor's start-up allowance (stuck_after from spawn) pass first.
@@ -472,8 +539,10 @@ def test_a_stopped_child_is_detected_as_stuck_killed_and_replaced(
         victim = min(first)
         os.kill(victim, signal.SIGSTOP)
         stopped = time.monotonic()
-        wait_until(lambda: victim not in child_pids(sup) and len(child_pids(sup)) == 2,
-                   timeout=stuck_after + 20)
+        wait_until(
+            lambda: victim not in child_pids(sup) and len(child_pids(sup)) == 2,
+            timeout=stuck_after + 20,
+        )
         # Not before its time: the file was at most ~2 s old when the child froze.
         assert time.monotonic() - stopped >= stuck_after - 2.0
         assert first - {victim} <= child_pids(sup)  # the healthy child was left alone
@@ -486,9 +555,7 @@ def test_a_stopped_child_is_detected_as_stuck_killed_and_replaced(
     # The frozen child's tasks ran again elsewhere after its lease expired.
     runs = dict(conn.execute(f"SELECT task_id, count(*) FROM {schema}.executions GROUP BY 1"))
     assert set(runs) == set(ids)
-    assert victim not in {
-        pid for (pid,) in conn.execute(f"SELECT pid FROM {schema}.executions")
-    }
+    assert victim not in {pid for (pid,) in conn.execute(f"SELECT pid FROM {schema}.executions")}
 
 
 def test_a_task_that_hangs_its_process_is_killed_with_it_and_fails_for_good(
@@ -499,19 +566,42 @@ def test_a_task_that_hangs_its_process_is_killed_with_it_and_fails_for_good(
     replaced, its lease expires, and after max_attempts (2) the task is failed with LeaseExpired.
     Meanwhile the pool survives and ordinary tasks are done."""
     create_tables(conn, schema)
-    args = run_args(pg_dsn, schema, "--processes", "2", "--concurrency", "2", "--lease", "2",
-                    "--stuck-after", "3")
+    args = run_args(
+        pg_dsn,
+        schema,
+        "--processes",
+        "2",
+        "--concurrency",
+        "2",
+        "--lease",
+        "2",
+        "--stuck-after",
+        "3",
+    )
     with spawned(*args, env=worker_env(pg_dsn, schema)) as sup:
         wait_until(lambda: len(live_workers(conn, schema)) == 2, timeout=30)
         time.sleep(3)  # past the supervisor's start-up allowance
         [poison] = enqueue_sql(conn, schema, "hog", 1, max_attempts=2)
         ids = enqueue_sql(conn, schema, "record", 200, sleep=0.01)
-        wait_until(lambda: conn.execute(
-            f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (poison,)
-        ).fetchone()[0] == "failed", timeout=50, interval=0.25)
-        wait_until(lambda: conn.execute(
-            f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
-        ).fetchone()[0] == len(ids), timeout=30)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (poison,)
+                ).fetchone()[0]
+                == "failed"
+            ),
+            timeout=50,
+            interval=0.25,
+        )
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+                ).fetchone()[0]
+                == len(ids)
+            ),
+            timeout=30,
+        )
         assert sup.poll() is None
         wait_until(lambda: len(child_pids(sup)) == 2, timeout=10)  # the last one was replaced
     attempts, error = conn.execute(
@@ -522,7 +612,8 @@ def test_a_task_that_hangs_its_process_is_killed_with_it_and_fails_for_good(
     # Two processes were killed for it, each after claiming it (one claim per attempt).
     owners = conn.execute(
         f"SELECT DISTINCT w.pid FROM {schema}.claims c JOIN {schema}.workers w"
-        " ON w.id = c.worker_id WHERE c.task_id = %s", (poison,)
+        " ON w.id = c.worker_id WHERE c.task_id = %s",
+        (poison,),
     ).fetchall()
     assert len(owners) == 2
 

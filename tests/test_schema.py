@@ -39,8 +39,17 @@ def test_concurrent_migrate_from_many_processes(pg_dsn: str, conn: psycopg.Conne
     try:
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "worker", "migrate", "--dsn", pg_dsn, "--schema", name,
-                 "--json"],
+                [
+                    sys.executable,
+                    "-m",
+                    "worker",
+                    "migrate",
+                    "--dsn",
+                    pg_dsn,
+                    "--schema",
+                    name,
+                    "--json",
+                ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -162,8 +171,12 @@ def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_tab
 @pytest.mark.parametrize("name", ["complete", "complete_delete", "release", "heartbeat"])
 def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, name: str) -> None:
     ids = [r[0] for r in conn.execute(f"SELECT id FROM {big_table}.tasks LIMIT 100")]
-    params = {"ids": ids, "attempts": [1] * len(ids), "worker_id": str(uuid.uuid4()),
-              "lease_seconds": 30.0}
+    params = {
+        "ids": ids,
+        "attempts": [1] * len(ids),
+        "worker_id": str(uuid.uuid4()),
+        "lease_seconds": 30.0,
+    }
     nodes = _explain(conn, queries(big_table)[name], params)
     _no_seq_scan(nodes)
     # By primary key: a scan of the partial lease index walks every dead entry it holds.
@@ -196,7 +209,11 @@ def test_retry_rescue_purge_plans_use_no_table_scan(
         _explain(
             conn,
             q["purge"],
-            {"done_seconds": 3600, "failed_seconds": 86400, "cron_keep_seconds": 86400,
-             "limit": 5000},
+            {
+                "done_seconds": 3600,
+                "failed_seconds": 86400,
+                "cron_keep_seconds": 86400,
+                "limit": 5000,
+            },
         )
     )

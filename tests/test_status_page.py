@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_until
 from test_metrics import fetch
 
-from worker._metrics import MetricsServer, serve
+from worker.monitor.server import MetricsServer, serve
 
 XSS_TASK = "<img src=x onerror=\"document.title='pwned'\">"
 XSS_ERROR = (

@@ -45,8 +45,20 @@ def test_worker_killed_between_the_handlers_writes_and_completion_leaves_neither
     _tables(conn, schema)
     task_id = worker.enqueue(conn, "tx_write", {"sleep": 60}, schema=schema)
     env = {"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema}
-    args = ["run", "transactional_module", "--processes", "1", "--concurrency", "1",
-            "--lease", "2", "--dsn", pg_dsn, "--schema", schema]
+    args = [
+        "run",
+        "transactional_module",
+        "--processes",
+        "1",
+        "--concurrency",
+        "1",
+        "--lease",
+        "2",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+    ]
     first = spawn_cli(*args, env=env, stderr=open(tmp_path / "first.log", "w"))  # noqa: SIM115
     second: subprocess.Popen[str] | None = None
     try:

@@ -22,8 +22,13 @@ def _row(conn: psycopg.Connection, schema: str, task_id: int) -> dict[str, Any]:
         (task_id,),
     )
     state, attempts, error, run_at, finished = cur.fetchone()
-    return {"state": state, "attempts": attempts, "error": error, "run_at": run_at,
-            "finished": finished}
+    return {
+        "state": state,
+        "attempts": attempts,
+        "error": error,
+        "run_at": run_at,
+        "finished": finished,
+    }
 
 
 def test_sync_and_async_handlers_get_payload_and_context(
@@ -92,9 +97,7 @@ def test_sql_producers_get_the_handlers_max_attempts_unless_they_set_one(
         runs.append(payload["n"])
         raise ValueError("no")
 
-    conn.execute(
-        f"INSERT INTO {schema}.tasks (task, payload) VALUES ('twice', '{{\"n\": 1}}')"
-    )
+    conn.execute(f"INSERT INTO {schema}.tasks (task, payload) VALUES ('twice', '{{\"n\": 1}}')")
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, payload, max_attempts)"
         " VALUES ('twice', '{\"n\": 2}', 4)"
@@ -121,8 +124,12 @@ def test_retry_moves_run_at_into_the_future(
     reg.task("fails_once", retry_backoff=60)(lambda p: (_ for _ in ()).throw(KeyError("k")))
     task_id = worker.enqueue(conn, "fails_once", {}, schema=schema)
     with thread_worker(reg):
-        wait_until(lambda: _row(conn, schema, task_id)["attempts"] == 1
-                   and _row(conn, schema, task_id)["state"] == "queued")
+        wait_until(
+            lambda: (
+                _row(conn, schema, task_id)["attempts"] == 1
+                and _row(conn, schema, task_id)["state"] == "queued"
+            )
+        )
     row = _row(conn, schema, task_id)
     delay = (row["run_at"] - datetime.now(UTC)).total_seconds()
     assert 25 < delay <= 60, delay
@@ -210,8 +217,12 @@ def test_handler_exceptions_never_kill_the_worker(
         worker.enqueue(conn, "fine", {}, schema=schema)
         wait_until(lambda: states(conn, schema).get("done") == 1)
         assert tw.thread.is_alive()
-    errors = [r[0] for r in conn.execute(f"SELECT last_error FROM {schema}.tasks"
-                                         " WHERE state = 'failed' ORDER BY id")]
+    errors = [
+        r[0]
+        for r in conn.execute(
+            f"SELECT last_error FROM {schema}.tasks WHERE state = 'failed' ORDER BY id"
+        )
+    ]
     assert errors[0].startswith("SystemExit: 3")
     assert errors[1].startswith("TypeError")
 
@@ -222,17 +233,30 @@ def test_priority_then_run_at_order(conn: psycopg.Connection, schema: str, threa
     reg.task("o")(lambda p: order.append(p["name"]))
     now = datetime.now(UTC)
     # Enqueued out of order on purpose.
-    for name, priority, age in [("low-old", 0, 30), ("high-new", 5, 1), ("mid", 2, 10),
-                                ("high-old", 5, 20), ("low-new", 0, 2), ("neg", -3, 100)]:
-        worker.enqueue(conn, "o", {"name": name}, priority=priority,
-                       run_at=now - timedelta(seconds=age), schema=schema)
+    for name, priority, age in [
+        ("low-old", 0, 30),
+        ("high-new", 5, 1),
+        ("mid", 2, 10),
+        ("high-old", 5, 20),
+        ("low-new", 0, 2),
+        ("neg", -3, 100),
+    ]:
+        worker.enqueue(
+            conn,
+            "o",
+            {"name": name},
+            priority=priority,
+            run_at=now - timedelta(seconds=age),
+            schema=schema,
+        )
     with thread_worker(reg, concurrency=1, batch_size=1):
         wait_until(lambda: len(order) == 6)
     assert order == ["high-old", "high-new", "mid", "low-old", "low-new", "neg"]
 
 
-def test_delayed_task_waits_for_run_at(conn: psycopg.Connection, schema: str,
-                                       thread_worker) -> None:
+def test_delayed_task_waits_for_run_at(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
     ran: list[float] = []
     reg = worker.Registry()
     reg.task("later")(lambda p: ran.append(time.time()))
@@ -299,10 +323,14 @@ def test_purge_deletes_finished_rows_past_retention(
     conn: psycopg.Connection, schema: str, thread_worker
 ) -> None:
     t = f"{schema}.tasks"
-    conn.execute(f"INSERT INTO {t} (task, state, finished_at) SELECT 'x', 'done',"
-                 " now() - interval '2 hours' FROM generate_series(1, 7000)")
-    conn.execute(f"INSERT INTO {t} (task, state, finished_at) VALUES"
-                 " ('recent', 'done', now()), ('oldfail', 'failed', now() - interval '2 hours')")
+    conn.execute(
+        f"INSERT INTO {t} (task, state, finished_at) SELECT 'x', 'done',"
+        " now() - interval '2 hours' FROM generate_series(1, 7000)"
+    )
+    conn.execute(
+        f"INSERT INTO {t} (task, state, finished_at) VALUES"
+        " ('recent', 'done', now()), ('oldfail', 'failed', now() - interval '2 hours')"
+    )
     reg = worker.Registry()
     with thread_worker(reg, keep_done_seconds=3600, purge_interval=0.1):
         wait_until(lambda: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 2)

@@ -1,24 +1,17 @@
 """worker: a PostgreSQL work queue for Python.
 
 The public API is what this module exports; everything in underscore modules is private.
+Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
+(``worker.monitor``) and the developer tools (``worker.dev``) load when used.
 """
 
-from ._cron import cron, load_schedules, schedule
+from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
 from ._enqueue import enqueue, enqueue_async, enqueue_many
 from ._errors import ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
-from ._locks import (
-    AdvisoryLock,
-    ExclusiveLock,
-    LockLost,
-    Mutex,
-    TimeoutLock,
-    advisory_keys,
-    advisory_lock,
-    current_lock,
-    exclusive,
-)
+from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
 from ._migrate import migrate
 from ._registry import Context, Registry, TaskDef, registry, task
+from ._schedule import cron, load_schedules, schedule
 from ._worker import Worker, WorkerConfig
 
 __all__ = [

@@ -1,4 +1,6 @@
-"""Read-only views and operator actions over the queue, shared by the CLI and the status page."""
+"""Read-only views of the queue and the operator actions, shared by the CLI and the status page.
+
+The actions' writes are in ``_transitions``, with every other change of a task's state."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from . import _transitions as tr
 from ._sql import notify_channel, queries
 
 
@@ -53,23 +56,15 @@ def status(conn: psycopg.Connection, schema: str, *, failed_limit: int = 10) -> 
 
 
 def retry(conn: psycopg.Connection, schema: str, task_id: int) -> bool:
-    q = queries(schema)
-    ok = bool(conn.execute(q["retry_task"], {"id": task_id}).fetchall())
-    if ok:
-        conn.execute(q["wake"], {"channel": notify_channel(schema)})
-    return ok
+    return tr.retry_task(conn, queries(schema), task_id=task_id, channel=notify_channel(schema))
 
 
 def retry_failed(conn: psycopg.Connection, schema: str, queue: str | None = None) -> int:
-    q = queries(schema)
-    n = len(conn.execute(q["retry_failed"], {"queue": queue}).fetchall())
-    if n:
-        conn.execute(q["wake"], {"channel": notify_channel(schema)})
-    return n
+    return tr.retry_failed(conn, queries(schema), queue=queue, channel=notify_channel(schema))
 
 
 def cancel(conn: psycopg.Connection, schema: str, task_id: int) -> bool:
-    return bool(conn.execute(queries(schema)["cancel_task"], {"id": task_id}).fetchall())
+    return tr.cancel_task(conn, queries(schema), task_id=task_id)
 
 
 def get_task(conn: psycopg.Connection, schema: str, task_id: int) -> dict[str, Any] | None:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 from urllib.parse import urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
-
-from ._errors import ConfigError
 
 log = logging.getLogger("worker")
 
@@ -61,28 +58,3 @@ def dsn_from_env() -> str | None:
         if value:
             return value
     return None
-
-
-def resolve_dsn(explicit: str | None, *, quiet: bool = False) -> str:
-    """--dsn, then WORKER_DSN or DATABASE_URL, then the embedded server (started on demand)."""
-    dsn = explicit or dsn_from_env()
-    if dsn:
-        try:
-            conninfo_to_dict(dsn)
-        except Exception as exc:
-            raise ConfigError(f"invalid DSN {redact(dsn)!r}: {str(exc).splitlines()[0]}") from None
-        remember_secret(dsn)
-        return dsn
-    from ._embedded import EmbeddedError, default_data_dir, ensure_embedded
-
-    data_dir = default_data_dir()
-    try:
-        dsn = ensure_embedded(data_dir)
-    except EmbeddedError as exc:
-        raise ConfigError(str(exc)) from None
-    if not quiet:
-        print(
-            f"worker: no DSN given; using the embedded PostgreSQL in {data_dir} ({dsn})",
-            file=sys.stderr,
-        )
-    return dsn

@@ -17,11 +17,9 @@ See docs/cron-and-locks.md for the trade-offs and the warnings.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import contextvars
 import functools
-import hashlib
 import inspect
 import logging
 import os
@@ -31,7 +29,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -43,7 +40,7 @@ from ._config import dsn_from_env
 from ._conn import Target, borrow
 from ._errors import ConfigError, WorkerError
 from ._hooks import emit
-from ._sql import queries, validate_schema_name
+from ._sql import execute, queries, validate_schema_name
 
 log = logging.getLogger("worker.locks")
 
@@ -51,9 +48,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_NAMESPACE = "worker"
-# The advisory statements name no table, but the query loader renders every statement for a
-# schema; any valid name will do.
-_ANY_SCHEMA = "worker"
 MAX_NAME_LENGTH = 255
 
 
@@ -91,7 +85,7 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-def _check_target(target: Any) -> Target:
+def check_target(target: Any) -> Target:
     """Refuse at construction what would fail obscurely at the first statement."""
     if not isinstance(target, str | psycopg.Connection | ConnectionPool):
         raise ConfigError(
@@ -99,19 +93,6 @@ def _check_target(target: Any) -> Target:
             f"got {type(target).__name__}"
         )
     return target
-
-
-def _execute(conn: psycopg.Connection, query: Any, params: Mapping[str, Any]) -> list[Any]:
-    """Each lock statement in a transaction of its own (see queries/locks.sql). On an autocommit
-    connection the statement is one; otherwise a transaction, or a savepoint inside the caller's
-    open transaction, in which case the row becomes visible to others only when they commit."""
-    if conn.autocommit:
-        return conn.execute(query, params).fetchall()
-    with conn.transaction():
-        return conn.execute(query, params).fetchall()
-
-
-# -- lock rows -------------------------------------------------------------------------------------
 
 
 class ExclusiveLock:
@@ -152,7 +133,7 @@ class ExclusiveLock:
         self.lost_reason: LockLost | None = None
         self.acquired = False
         self.expires_at: datetime | None = None
-        self._target = _check_target(target)
+        self._target = check_target(target)
         self._own_conn: psycopg.Connection | None = None
         self._conn_lock = threading.Lock()
 
@@ -183,7 +164,7 @@ class ExclusiveLock:
 
     def _run(self, query_name: str, params: Mapping[str, Any]) -> list[Any]:
         with self._connection() as conn:
-            return _execute(conn, self.q[query_name], params)
+            return execute(conn, self.q[query_name], params)
 
     # -- operations --
 
@@ -465,90 +446,20 @@ def purge_expired_locks(
     """Delete lock rows that expired more than ``older_than`` seconds ago; returns how many."""
     q = queries(schema)
     with borrow(target) as conn:
-        return len(_execute(conn, q["lock_purge_expired"], {"older_than_seconds": older_than}))
+        return len(execute(conn, q["lock_purge_expired"], {"older_than_seconds": older_than}))
 
 
-# -- advisory locks --------------------------------------------------------------------------------
+# -- inspection -------------------------------------------------------------------------------------
 
 
-def _int4(text: str) -> int:
-    """A stable signed int4 from text: blake2b's 64-bit digest folded (high xor low) into 32 bits.
-
-    Python's hash() is salted per process, so it cannot name a lock shared between processes.
-    """
-    digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-    folded = (digest >> 32) ^ (digest & 0xFFFFFFFF)
-    return folded - 0x100000000 if folded >= 0x80000000 else folded
-
-
-def advisory_keys(name: str, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int]:
-    """The (application key, job key) pair for ``pg_try_advisory_xact_lock(int4, int4)``.
-
-    The first key keeps this application's locks apart from other users of advisory locks in the
-    same database; the second names the job. Two names of one namespace collide with probability
-    2^-32 per pair.
-    """
-    validate_lock_name(namespace, "advisory namespace")
-    validate_lock_name(name)
-    return _int4(namespace), _int4(name)
-
-
-@dataclass
-class AdvisoryLock:
-    """What ``advisory_lock`` yields: whether it won, the keys, and the connection to write with
-    (in transaction mode, its open transaction holds the lock)."""
-
-    name: str
-    keys: tuple[int, int]
-    conn: psycopg.Connection
-    acquired: bool
-    session: bool
-
-
-@contextlib.contextmanager
-def advisory_lock(
-    target: Target,
-    name: str,
-    *,
-    namespace: str = DEFAULT_NAMESPACE,
-    session: bool = False,
-) -> Iterator[AdvisoryLock]:
-    """Try an advisory lock without waiting; yields an ``AdvisoryLock`` (check ``.acquired``).
-
-    Default, transaction-scoped: the block runs inside a transaction on ``lock.conn`` that took
-    ``pg_try_advisory_xact_lock``. Write through ``lock.conn`` and the writes commit together
-    with the release when the block ends, or roll back with it when the block raises or the
-    process dies. Given a connection already inside a transaction (a transactional handler's
-    ``ctx.conn``), the lock joins that transaction and is held until it ends.
-
-    ``session=True`` takes a session lock instead, released at the end of the block: the
-    connection stays checked out meanwhile. Not behind PgBouncer in transaction mode, where the
-    next transaction may run on another server connection (see docs/cron-and-locks.md).
-    """
-    keys = advisory_keys(name, namespace)
-    _check_target(target)
-    params = {"key1": keys[0], "key2": keys[1]}
-    q = queries(_ANY_SCHEMA)
-    with borrow(target) as conn:
-        if session:
-            row = conn.execute(q["advisory_try_session"], params).fetchone()
-            won = bool(row and row[0])
-            emit("lock", kind="advisory", name=name, won=won)
-            try:
-                yield AdvisoryLock(name, keys, conn, won, True)
-            finally:
-                if won and not conn.closed:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute(q["advisory_unlock_session"], params)
-            return
-        with conn.transaction():
-            row = conn.execute(q["advisory_try_xact"], params).fetchone()
-            won = bool(row and row[0])
-            emit("lock", kind="advisory", name=name, won=won)
-            yield AdvisoryLock(name, keys, conn, won, False)
-
-
-# -- inspection and the `worker locks` command -----------------------------------------------------
+def force_release(conn: psycopg.Connection, schema: str, name: str) -> tuple[str, str] | None:
+    """Delete lock row ``name`` whoever holds it (an operator's action, e.g. for a mutex whose
+    holder died); returns (holder, kind) of the row that was deleted, or None."""
+    rows = execute(conn, queries(schema)["lock_force_release"], {"name": name})
+    if not rows:
+        return None
+    _, holder, kind = rows[0]
+    return holder, kind
 
 
 def list_locks(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
@@ -556,120 +467,14 @@ def list_locks(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
         return cur.execute(queries(schema)["lock_list"]).fetchall()
 
 
-def list_advisory_locks(
-    conn: psycopg.Connection, *, namespace: str = DEFAULT_NAMESPACE
-) -> list[dict[str, Any]]:
-    """Advisory locks of this database from pg_locks, with the holder's session; locks of
-    ``namespace`` are marked (their first key is the namespace's)."""
-    ns_key = _int4(namespace)
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(queries(_ANY_SCHEMA)["advisory_list"]).fetchall()
-    for r in rows:
-        r["namespace"] = namespace if r["two_keys"] and r["key1"] == ns_key else None
-    return rows
-
-
-def _expiry(row: Mapping[str, Any]) -> str:
-    seconds = row["expires_in_seconds"]
-    if seconds is None:
-        return "never"
-    if seconds >= 0:
-        return f"in {seconds:.1f}s"
-    return f"expired {-seconds:.1f}s ago"
-
-
-def _query_summary(query: str | None, width: int = 80) -> str:
-    """The statement on one line, without its leading comments (ours start with one)."""
-    lines = [ln for ln in (query or "").splitlines() if not ln.lstrip().startswith("--")]
-    return " ".join(" ".join(lines).split())[:width]
-
-
-def cmd_locks(args: argparse.Namespace) -> int:
-    from ._cli import CliError, _connect, _print_json, _require, _table
-
-    with _connect(args) as conn:
-        _require(conn, args.schema)
-        if args.release:
-            rows = _execute(
-                conn, queries(args.schema)["lock_force_release"], {"name": args.release}
-            )
-            if not rows:
-                raise CliError(f"no lock named {args.release!r}")
-            _, holder, kind = rows[0]
-            print(f"released {kind} lock {args.release!r} (was held by {holder})")
-            return 0
-        rows = list_locks(conn, args.schema)
-        advisory = list_advisory_locks(conn, namespace=args.namespace)
-    if args.json:
-        _print_json({"locks": rows, "advisory": advisory})
-        return 0
-    print(f"lock rows ({sum(1 for r in rows if r['held'])} held)")
-    if rows:
-        _table(
-            ["name", "kind", "holder", "state", "acquired", "expires"],
-            [
-                [
-                    r["name"],
-                    r["kind"],
-                    r["holder"],
-                    "held" if r["held"] else "free",
-                    r["acquired_at"].strftime("%Y-%m-%d %H:%M:%S"),
-                    _expiry(r),
-                ]
-                for r in rows
-            ],
-        )
-    print()
-    print(f"advisory locks ({len(advisory)})")
-    if advisory:
-        _table(
-            ["pid", "keys", "namespace", "granted", "state", "xact age", "query"],
-            [
-                [
-                    str(a["pid"]),
-                    f"{a['key1']},{a['key2']}" if a["two_keys"] else str(a["key"]),
-                    a["namespace"] or "-",
-                    "yes" if a["granted"] else "waiting",
-                    a["state"] or "-",
-                    f"{a['xact_seconds']:.1f}s" if a["xact_seconds"] is not None else "-",
-                    _query_summary(a["query"]),
-                ]
-                for a in advisory
-            ],
-        )
-    return 0
-
-
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The ``worker locks`` command (found by the CLI's plugin hook)."""
-    p = sub.add_parser(
-        "locks", parents=[common], help="list lock rows and advisory locks with their holders"
-    )
-    p.add_argument(
-        "--namespace",
-        default=DEFAULT_NAMESPACE,
-        help="advisory-lock namespace to mark as ours (default: worker)",
-    )
-    p.add_argument(
-        "--release",
-        metavar="NAME",
-        default=None,
-        help="delete lock row NAME whoever holds it (e.g. a mutex whose holder died)",
-    )
-    p.set_defaults(func=cmd_locks)
-
-
 __all__ = [
-    "AdvisoryLock",
     "ExclusiveLock",
     "LockLost",
     "Mutex",
     "TimeoutLock",
-    "advisory_keys",
-    "advisory_lock",
     "current_lock",
     "exclusive",
-    "list_advisory_locks",
+    "force_release",
     "list_locks",
     "purge_expired_locks",
 ]

@@ -16,7 +16,7 @@ from ._sql import render, validate_schema_name
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Two-key advisory lock namespace: (this application, this schema). See locks for the hashing.
-_MIGRATE_CLASS = 0x776B7201 - 2**31  # fits in int4
+MIGRATE_LOCK_CLASS = 0x776B7201 - 2**31  # fits in int4
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,9 @@ def migrate(conn: psycopg.Connection, schema: str) -> list[str]:
     ident = sql.Identifier(schema)
     applied: list[str] = []
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_MIGRATE_CLASS, _lock_key(schema)))
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(%s, %s)", (MIGRATE_LOCK_CLASS, _lock_key(schema))
+        )
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(
             sql.SQL(

@@ -8,9 +8,12 @@ identifier quoted by psycopg; every value is bound as a parameter.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from ._errors import ConfigError
@@ -83,3 +86,14 @@ def queries(schema: str) -> Queries:
 def notify_channel(schema: str) -> str:
     """The channel the insert trigger notifies (see schema/0001_tasks.sql)."""
     return f"{validate_schema_name(schema)}.tasks"
+
+
+def execute(conn: psycopg.Connection, query: Any, params: Mapping[str, Any]) -> list[Any]:
+    """One statement in a transaction of its own, whatever the caller's connection: as is on an
+    autocommit connection; otherwise in a transaction, or a savepoint inside the caller's open
+    transaction (then others see its effect only when the caller commits). Lock and cron
+    statements use it so that a tick or an acquire never leaves a transaction open."""
+    if conn.autocommit:
+        return conn.execute(query, params).fetchall()
+    with conn.transaction():
+        return conn.execute(query, params).fetchall()

@@ -213,3 +213,27 @@ def purge(
         },
     )
     return cur.rowcount
+
+
+# -- operator actions ------------------------------------------------------------------------------
+
+
+def retry_task(conn: psycopg.Connection, q: Queries, *, task_id: int, channel: str) -> bool:
+    """failed or cancelled -> queued, due now, attempts reset; wakes idle workers."""
+    ok = bool(conn.execute(q["retry_task"], {"id": task_id}).fetchall())
+    if ok:
+        conn.execute(q["wake"], {"channel": channel})
+    return ok
+
+
+def retry_failed(conn: psycopg.Connection, q: Queries, *, queue: str | None, channel: str) -> int:
+    """Every failed task (of ``queue``, or all) -> queued; returns how many."""
+    n = len(conn.execute(q["retry_failed"], {"queue": queue}).fetchall())
+    if n:
+        conn.execute(q["wake"], {"channel": channel})
+    return n
+
+
+def cancel_task(conn: psycopg.Connection, q: Queries, *, task_id: int) -> bool:
+    """queued -> cancelled; False when the task is not queued (or does not exist)."""
+    return bool(conn.execute(q["cancel_task"], {"id": task_id}).fetchall())

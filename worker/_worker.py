@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 
 from . import _transitions as tr
 from ._backoff import retry_delay
+from ._cron import make_ticker
 from ._errors import DoNotRetry, LostLease
 from ._hooks import Hooks
 from ._migrate import require_schema
@@ -756,8 +757,6 @@ def _cron_ticker(schema: str, keep_seconds: float) -> Any:
     Each worker process enqueues due cron slots itself; the unique (cron_key, cron_at) index
     makes exactly one insert per slot win, so no leader is needed (see _cron).
     """
-    from ._cron import make_ticker
-
     # Never offer a slot older than cron rows are kept: a purged slot could run again.
     return make_ticker(schema, horizon_seconds=keep_seconds)
 

@@ -30,9 +30,13 @@ import struct
 import tempfile
 import time
 import zlib
-from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+import psycopg
+
+from .._sql import queries
+from .instruments import instruments
 
 log = logging.getLogger("worker.metrics")
 
@@ -99,15 +103,6 @@ def _remove(directory: str, pid: int) -> None:
 
 def counter_samples(metric: str, key: tuple[str, ...], n: float) -> list[tuple[Sample, float]]:
     return [((metric, "total", key, ""), n)]
-
-
-def bucket_counts(bounds: Sequence[float], values: Iterable[float]) -> dict[int, int]:
-    """How many of ``values`` fall in each bucket (by index; ``bounds`` ends with +Inf)."""
-    counts: dict[int, int] = {}
-    for v in values:
-        i = bisect_left(bounds, v)
-        counts[i] = counts.get(i, 0) + 1
-    return counts
 
 
 def histogram_samples(
@@ -213,8 +208,6 @@ def settle(pid: int, directory: str, dsn: str, schema: str, *, timeout: float = 
     added = 0.0
     status = _transaction_status(dsn, schema, str(record["xid"]), timeout)
     if status == "committed":
-        from ._metrics import instruments
-
         m = instruments()
         have = read_samples(directory, pid)
         for metric, part, key, le, target in record["values"]:
@@ -251,10 +244,6 @@ def _add(m: Any, sample: Sample, amount: float) -> None:
 
 
 def _transaction_status(dsn: str, schema: str, xid: str, timeout: float) -> str | None:
-    import psycopg
-
-    from ._sql import queries
-
     query = queries(schema)["metrics_xact_status"]
     deadline = time.monotonic() + timeout
     while True:

@@ -13,16 +13,16 @@ import time
 
 import psycopg
 
-from . import _demo_tasks  # noqa: F401  (registering the handlers gives their queues to enqueue)
-from ._admin import status
-from ._config import redact, resolve_dsn
-from ._enqueue import enqueue, enqueue_many
-from ._migrate import migrate
+from .._admin import status
+from .._config import redact
+from .._enqueue import enqueue, enqueue_many
+from .._migrate import migrate
+from . import demo_tasks  # noqa: F401  (registering the handlers gives their queues to enqueue)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, dsn: str) -> int:
+    """``worker demo``; the CLI resolves the DSN (flag, environment or embedded server)."""
     schema = args.schema if args.schema != "worker" else "worker_demo"
-    dsn = resolve_dsn(args.dsn)
     print(f"demo: database {redact(dsn)}, schema {schema}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn, schema)
@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
                 "-m",
                 "worker",
                 "run",
-                "worker._demo_tasks",
+                "worker.dev.demo_tasks",
                 "--dsn",
                 dsn,
                 "--schema",

@@ -23,10 +23,9 @@ from typing import Any
 
 import psycopg
 
-from ._config import resolve_dsn
-from ._enqueue import enqueue, enqueue_many
-from ._migrate import migrate
-from ._sql import queries
+from .._enqueue import enqueue, enqueue_many
+from .._migrate import migrate
+from .._sql import queries
 
 BENCH_SCHEMA = "worker_bench"
 TASK = "bench.noop"
@@ -115,7 +114,7 @@ def _worker_command(dsn: str, args: argparse.Namespace, *extra: str) -> list[str
         "-m",
         "worker",
         "run",
-        "worker._bench_tasks",
+        "worker.dev.bench_tasks",
         "--dsn",
         dsn,
         "--schema",
@@ -250,8 +249,8 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(args: argparse.Namespace) -> int:
-    dsn = resolve_dsn(args.dsn)
+def main(args: argparse.Namespace, dsn: str) -> int:
+    """``worker bench``; the CLI resolves the DSN (flag, environment or embedded server)."""
     r = run(dsn, args)
     if args.json:
         print(json.dumps(r, indent=2))

@@ -1,6 +1,6 @@
 """Handlers for `worker demo`; also a short example of writing tasks.
 
-Run them yourself with ``worker run worker._demo_tasks``.
+Run them yourself with ``worker run worker.dev.demo_tasks``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import time
 from typing import Any
 
-from ._errors import DoNotRetry
-from ._registry import Context, registry
+from .._errors import DoNotRetry
+from .._registry import Context, registry
 
 
 @registry.task("demo.resize_image", queue="media")

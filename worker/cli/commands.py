@@ -1,0 +1,162 @@
+"""The short commands: migrate, enqueue, status, retry, cancel, dsn, embedded, bench and demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+
+from .. import _admin
+from .._admin import STATES, status
+from .._enqueue import enqueue
+from .._migrate import migrate
+from ..dev import bench, demo
+from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from .common import CliError, age, connect, print_json, require, resolve_dsn, table
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        applied = migrate(conn, args.schema)
+    if args.json:
+        print_json({"applied": applied})
+    elif applied:
+        print(f"applied {len(applied)} migration(s) to schema {args.schema}: {', '.join(applied)}")
+    else:
+        print(f"schema {args.schema} is up to date")
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--payload is not valid JSON: {exc.msg} at position {exc.pos}", 2) from None
+    run_at = None
+    if args.run_at:
+        try:
+            run_at = datetime.fromisoformat(args.run_at)
+        except ValueError:
+            raise CliError(f"--run-at is not an ISO timestamp: {args.run_at!r}", 2) from None
+        if run_at.tzinfo is None:
+            raise CliError("--run-at needs a time zone, e.g. 2026-01-01T09:00:00+00:00", 2)
+    with connect(args) as conn:
+        require(conn, args.schema)
+        task_id = enqueue(
+            conn,
+            args.name,
+            payload,
+            queue=args.queue,
+            run_at=run_at,
+            delay=args.delay,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
+            dedupe_key=args.dedupe_key,
+            schema=args.schema,
+        )
+    if args.json:
+        print_json({"id": task_id})
+    else:
+        print(task_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        require(conn, args.schema)
+        st = status(conn, args.schema, failed_limit=args.failed)
+    if args.json:
+        print_json(st.as_dict())
+        return 0
+    head = ["queue", *STATES, "delayed", "oldest"]
+    rows = [
+        [
+            q.queue,
+            *(str(q.counts.get(s, 0)) for s in STATES),
+            str(q.delayed),
+            age(q.oldest_seconds),
+        ]
+        for q in st.queues
+    ]
+    table(head, rows or [["(no tasks)"] + [""] * (len(head) - 1)])
+    print()
+    print(f"workers ({len(st.workers)} alive)")
+    if st.workers:
+        table(
+            ["id", "host", "pid", "started", "heartbeat", "in flight", "queues"],
+            [
+                [
+                    w["id"][:8],
+                    w["host"],
+                    str(w["pid"]),
+                    w["started_at"].strftime("%Y-%m-%d %H:%M:%S"),
+                    age(w["heartbeat_age_seconds"]) + " ago",
+                    str(w["in_flight"]),
+                    ",".join(w["queues"]),
+                ]
+                for w in st.workers
+            ],
+        )
+    if st.failed:
+        print()
+        print(f"recent failed tasks (newest first, up to {args.failed})")
+        for f in st.failed:
+            first = (f["last_error"] or "").splitlines()[0] if f["last_error"] else ""
+            print(
+                f"  #{f['id']} {f['task']} [{f['queue']}] after {f['attempts']} attempt(s): "
+                f"{first[:160]}"
+            )
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    if args.id is None and not args.failed:
+        raise CliError("give a task id or --failed", 2)
+    with connect(args) as conn:
+        require(conn, args.schema)
+        if args.failed:
+            n = _admin.retry_failed(conn, args.schema, args.queue)
+            print(f"requeued {n} failed task(s)")
+            return 0
+        if not _admin.retry(conn, args.schema, args.id):
+            raise CliError(f"task {args.id} is not failed or cancelled (or does not exist)")
+        print(f"requeued task {args.id}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        require(conn, args.schema)
+        if not _admin.cancel(conn, args.schema, args.id):
+            task = _admin.get_task(conn, args.schema, args.id)
+            state = task["state"] if task else "missing"
+            raise CliError(
+                f"task {args.id} cannot be cancelled: it is {state} (only queued tasks can)"
+            )
+    print(f"cancelled task {args.id}")
+    return 0
+
+
+def cmd_dsn(args: argparse.Namespace) -> int:
+    print(resolve_dsn(args.dsn, quiet=True))
+    return 0
+
+
+def cmd_embedded(args: argparse.Namespace) -> int:
+    server = EmbeddedPostgres(default_data_dir())
+    if args.action == "stop":
+        server.stop()
+        print(f"stopped the embedded PostgreSQL in {default_data_dir()}")
+    elif args.action == "start":
+        print(server.start())
+    else:
+        print(f"{'running' if server.is_running() else 'stopped'}: {default_data_dir()}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return bench.main(args, resolve_dsn(args.dsn))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return demo.main(args, resolve_dsn(args.dsn))

@@ -1,0 +1,225 @@
+"""The ``worker`` command's parser and entry point. Every failure a user can cause ends in one
+line on stderr and a non-zero exit, never a traceback: exit 2 for configuration (flags, DSN,
+schema, module), 1 otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from .._errors import ConfigError
+from ..dev.bench import add_arguments as add_bench_arguments
+from . import cron, locks
+from .commands import (
+    cmd_bench,
+    cmd_cancel,
+    cmd_demo,
+    cmd_dsn,
+    cmd_embedded,
+    cmd_enqueue,
+    cmd_migrate,
+    cmd_retry,
+    cmd_status,
+)
+from .common import CliError, positive_int, schema_name, scrub, seconds, setup_logging
+from .run import cmd_run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dsn",
+        help="PostgreSQL URL or conninfo (default: $WORKER_DSN, "
+        "$DATABASE_URL, else the embedded server)",
+    )
+    common.add_argument(
+        "--schema",
+        type=schema_name,
+        default=os.environ.get("WORKER_SCHEMA", "worker"),
+        help="schema holding the queue tables (default: worker)",
+    )
+    common.add_argument(
+        "--log-level",
+        default=os.environ.get("WORKER_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    parser = argparse.ArgumentParser(prog="worker", description="A PostgreSQL work queue.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", parents=[common], help="create or upgrade the queue schema")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("run", parents=[common], help="run workers for the tasks of MODULE")
+    p.add_argument("module", help="module (dotted name or .py path) whose import registers tasks")
+    p.add_argument(
+        "--queues",
+        help="comma-separated queues (default: the registered tasks' queues and 'default')",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=10,
+        help="task slots (threads) per process (default 10)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=100,
+        help="most tasks claimed per statement (default 100)",
+    )
+    p.add_argument(
+        "--processes",
+        type=positive_int,
+        default=None,
+        help="worker processes (default: number of CPUs)",
+    )
+    p.add_argument(
+        "--grace",
+        type=seconds,
+        default=30.0,
+        help="seconds to finish in-flight tasks on SIGTERM (default 30)",
+    )
+    p.add_argument(
+        "--lease",
+        type=seconds,
+        default=30.0,
+        help="seconds a claim stays valid without a heartbeat (default 30)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=seconds,
+        default=1.0,
+        help="seconds between polls when no NOTIFY arrives (default 1)",
+    )
+    p.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN/NOTIFY")
+    p.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="--dsn goes through PgBouncer in transaction mode: no prepared "
+        "statements, and LISTEN only through --listen-dsn",
+    )
+    p.add_argument(
+        "--listen-dsn",
+        default=os.environ.get("WORKER_LISTEN_DSN"),
+        help="direct (not pooled) DSN for LISTEN when --dsn goes through PgBouncer",
+    )
+    p.add_argument(
+        "--keep-done",
+        type=seconds,
+        default=3600.0,
+        help="seconds to keep done rows (0: delete on completion; default 3600)",
+    )
+    p.add_argument(
+        "--keep-failed",
+        type=seconds,
+        default=7 * 86400.0,
+        help="seconds to keep failed rows (default 7 days)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics, /healthz, /readyz and the status page on this port",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument(
+        "--burst", action="store_true", help="exit once no task is due and none is running"
+    )
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    # Seconds without a liveness touch before the supervisor kills a child as stuck (default
+    # max(60, 2 x lease)); hidden, for tests and unusual deployments.
+    p.add_argument(
+        "--start-timeout",
+        type=seconds,
+        default=300.0,
+        help="seconds a worker process may take to import MODULE and reach its loop before the "
+        "supervisor replaces it (default 300)",
+    )
+    p.add_argument("--stuck-after", type=seconds, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--report", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("enqueue", parents=[common], help="enqueue one task")
+    p.add_argument("name", help="task name")
+    p.add_argument("--payload", default="{}", help="JSON payload (default {})")
+    p.add_argument("--queue", default=None)
+    p.add_argument("--priority", type=int, default=0, help="higher runs first")
+    p.add_argument("--delay", type=seconds, default=None, help="run after this many seconds")
+    p.add_argument("--run-at", default=None, help="ISO timestamp with time zone")
+    p.add_argument("--max-attempts", type=positive_int, default=None)
+    p.add_argument("--dedupe-key", default=None)
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("status", parents=[common], help="queues, workers and recent failures")
+    p.add_argument("--failed", type=int, default=10, help="how many recent failures to list")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("retry", parents=[common], help="requeue a failed task, or all of them")
+    p.add_argument("id", type=int, nargs="?")
+    p.add_argument("--failed", action="store_true", help="requeue every failed task")
+    p.add_argument("--queue", default=None, help="with --failed: only this queue")
+    p.set_defaults(func=cmd_retry)
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a queued task")
+    p.add_argument("id", type=int)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser(
+        "dsn",
+        parents=[common],
+        help="print the DSN (starting the embedded server when no DSN is configured)",
+    )
+    p.set_defaults(func=cmd_dsn)
+
+    p = sub.add_parser(
+        "embedded", parents=[common], help="start, stop or inspect the embedded PostgreSQL"
+    )
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.set_defaults(func=cmd_embedded)
+
+    p = sub.add_parser(
+        "bench", parents=[common], help="measure enqueue and drain against the bare-SQL ceiling"
+    )
+    add_bench_arguments(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("demo", parents=[common], help="run a worker with a demo producer")
+    p.add_argument("--tasks", type=positive_int, default=2000, help="how many demo tasks")
+    p.add_argument("--processes", type=positive_int, default=2)
+    p.set_defaults(func=cmd_demo)
+
+    cron.add_cli(sub, common)
+    locks.add_cli(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = argv
+    setup_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"worker: error: {scrub(str(exc))}", file=sys.stderr)
+        return exc.code
+    except ConfigError as exc:
+        print(f"worker: error: {scrub(str(exc))}", file=sys.stderr)
+        return 2
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"worker: database error: {scrub(first)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""``worker run``: one worker process, or a supervisor and its children."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import signal
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from .._registry import registry
+from .._supervisor import LIVENESS_ENV, Supervisor, child_command
+from .._worker import Worker, WorkerConfig
+from ..monitor.metrics import worker_hooks
+from ..monitor.server import serve
+from .common import CliError, connect_dsn, import_tasks, require, resolve_dsn, scrub
+
+log = logging.getLogger("worker")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import_tasks(args.module)
+    if len(registry) == 0:
+        raise CliError(
+            f"module {args.module!r} registered no tasks (decorate handlers with @worker.task)", 2
+        )
+    dsn = resolve_dsn(args.dsn)
+    processes = args.processes or os.cpu_count() or 1
+    if processes > 1 and not args.child:
+        # Check the database and schema once, here, so a bad DSN is one clear line, not P of them.
+        with connect_dsn(dsn) as conn:
+            require(conn, args.schema)
+        sup = Supervisor(
+            child_command(args.argv),
+            processes,
+            grace_seconds=args.grace,
+            stuck_seconds=args.stuck_after or max(60.0, args.lease * 2),
+            start_seconds=args.start_timeout,
+            burst=args.burst,
+        )
+        metrics = _start_metrics(args, dsn)
+        if metrics is not None:
+            sup.on_child_exit = metrics.child_exited
+        try:
+            return sup.run()
+        finally:
+            if metrics:
+                metrics.stop()
+    config = WorkerConfig(
+        dsn=dsn,
+        schema=args.schema,
+        queues=[q for q in args.queues.split(",") if q] if args.queues else None,
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        lease_seconds=args.lease,
+        poll_interval=args.poll_interval,
+        grace_seconds=args.grace,
+        listen=not args.no_listen and not (args.pgbouncer and not args.listen_dsn),
+        prepare=not args.pgbouncer,
+        listen_dsn=args.listen_dsn,
+        keep_done_seconds=args.keep_done,
+        keep_failed_seconds=args.keep_failed,
+        burst=args.burst,
+    )
+    if args.child:
+        _wait_for_database(dsn, args.schema)
+    else:
+        with connect_dsn(dsn) as conn:
+            require(conn, args.schema)
+    hooks = _worker_hooks(args)
+    metrics = None if args.child else _start_metrics(args, dsn)
+    worker = Worker(config, hooks=hooks)
+    if args.child:
+        _stop_with_parent(worker)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info(
+            "received %s: finishing in-flight tasks (grace %.0fs)",
+            signal.Signals(signum).name,
+            args.grace,
+        )
+        worker.stop(now=worker._stop.is_set())  # a second signal stops at once
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        code = worker.run()
+    finally:
+        if metrics:
+            metrics.stop()
+    if args.report:
+        _write_report(args.report, worker)
+    return code
+
+
+def _write_report(path: str, worker: Any) -> None:
+    """Benchmark marks of this process, appended as one JSON line (several processes share it)."""
+    line = json.dumps(
+        {
+            "pid": os.getpid(),
+            "first_claim": worker.first_claim,
+            "last_ack": worker.last_ack,
+            "done": worker.done_count,
+            "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        }
+    )
+    with open(path, "a") as fh:
+        fh.write(line + "\n")
+
+
+def _stop_with_parent(worker: Any) -> None:
+    """A supervised child stops gracefully when its supervisor is gone (killed with SIGKILL, say).
+    Children run in their own sessions, so nothing else would stop them: they would work on
+    unsupervised, next to the pool of a restarted supervisor."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not worker._stop.wait(1.0):
+            if os.getppid() != parent:
+                log.warning("supervisor (pid %d) is gone; stopping this worker", parent)
+                worker.stop()
+                return
+
+    threading.Thread(target=watch, name="worker-parent", daemon=True).start()
+
+
+def _wait_for_database(dsn: str, schema: str) -> None:
+    """A supervised child started while the database is down (replacing one that died) waits for
+    it, as running workers do, instead of exiting: quick exits would look like a crash loop and
+    make the supervisor give up on the whole pool. The supervisor already checked the DSN and the
+    schema, so this is an outage, not a configuration error. The liveness touch tells the
+    supervisor the child is waiting, not stuck."""
+    liveness = os.environ.get(LIVENESS_ENV)
+    parent = os.getppid()
+    delay = 0.5
+    while os.getppid() == parent:  # no waiting on for a supervisor that is gone
+        try:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                require(conn, schema)
+            return
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("database unavailable (%s); waiting %.1fs", scrub(first), delay)
+        if liveness:
+            os.utime(liveness)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+    raise CliError("the supervisor is gone; not starting", 1)
+
+
+def _worker_hooks(args: argparse.Namespace) -> Any:
+    """Metrics hooks when metrics are on (see issue: metrics); plain hooks otherwise."""
+    # Children inherit --metrics-port in their argv: they count, and the supervisor serves.
+    return worker_hooks(enabled=bool(args.metrics_port))
+
+
+def _start_metrics(args: argparse.Namespace, dsn: str) -> Any:
+    if not args.metrics_port:
+        return None
+    # Under a supervisor (the same test as in cmd_run) the server must exist before the children
+    # do: it creates the PROMETHEUS_MULTIPROC_DIR they inherit and aggregate their counts through.
+    supervised = not args.child and (args.processes or os.cpu_count() or 1) > 1
+    return serve(
+        args.metrics_host,
+        args.metrics_port,
+        dsn=dsn,
+        schema=args.schema,
+        multiprocess=supervised,
+    )

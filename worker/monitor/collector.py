@@ -1,0 +1,149 @@
+"""What /metrics serves: the workers' counters (one process's, or all children's files in
+multiprocess mode) plus queue gauges read from the cached read model."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from .instruments import MULTIPROC_ENV
+from .readmodel import Database
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+# -- multiprocess mode -----------------------------------------------------------------------------
+
+
+def prepare_multiprocess_dir() -> str:
+    """Create a fresh, empty directory for the children's metric files and export it.
+
+    Fresh matters: files left by an earlier run would be added to this run's counters. Children
+    inherit the variable (the supervisor copies ``os.environ`` into their environment), so their
+    prometheus-client is in multiprocess mode from its first import. A directory the user chose
+    through the variable is kept as the parent of ours (it may be a tmpfs or a mounted volume).
+    """
+    base = os.environ.get(MULTIPROC_ENV)
+    path = tempfile.mkdtemp(
+        prefix="worker-metrics-", dir=base if base and os.path.isdir(base) else None
+    )
+    os.environ[MULTIPROC_ENV] = path
+    return path
+
+
+def child_exited(pid: int, path: str) -> None:
+    """A child died or was killed: drop its live gauges (tasks in flight, processes) and keep its
+    counters and histograms, so nothing it counted is lost."""
+    if not os.path.isdir(path):
+        return
+    with contextlib.suppress(Exception):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, path)
+
+
+class _Forward:
+    """Serves the default registry's metrics through another registry (single-process mode)."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._registry.collect()
+
+
+class DatabaseCollector:
+    """Queue gauges for /metrics, from the cached snapshot of ``_web.Database``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def describe(self) -> list[Any]:
+        return []  # nothing to check at registration; collect() reads the database
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        snap = self.db.queue_snapshot()
+        up = GaugeMetricFamily(
+            "worker_database_up",
+            "1 when the last queue statistics query succeeded, 0 when the database failed.",
+        )
+        up.add_metric([], 0.0 if snap.error else 1.0)
+        yield up
+        age = GaugeMetricFamily(
+            "worker_queue_stats_age_seconds", "Age of the cached queue statistics."
+        )
+        age.add_metric([], max(snap.age(), 0.0))
+        yield age
+        if snap.error:
+            return
+        took = GaugeMetricFamily(
+            "worker_queue_stats_duration_seconds",
+            "Seconds the last queue statistics query set took in the database.",
+        )
+        took.add_metric([], snap.duration)
+        yield took
+        tasks = GaugeMetricFamily(
+            "worker_queue_tasks",
+            "Queued (due and delayed) and in-progress tasks per queue; exact up to a cap per "
+            "queue (see worker_queue_tasks_capped). Fleet-wide: aggregate with max, not sum.",
+            labels=["queue", "state"],
+        )
+        capped = GaugeMetricFamily(
+            "worker_queue_tasks_capped",
+            "1 when a queue's queued count reached the counting cap and is a lower bound.",
+            labels=["queue"],
+        )
+        delayed = GaugeMetricFamily(
+            "worker_queue_delayed_tasks",
+            "Queued tasks whose run_at is in the future (retries waiting, scheduled tasks).",
+            labels=["queue"],
+        )
+        oldest = GaugeMetricFamily(
+            "worker_queue_oldest_task_age_seconds",
+            "Seconds the oldest due task of the queue has waited (0 when none is due).",
+            labels=["queue"],
+        )
+        for q in snap.queues:
+            tasks.add_metric([q.queue, "queued"], q.queued)
+            tasks.add_metric([q.queue, "in_progress"], q.running)
+            capped.add_metric([q.queue], 1.0 if q.capped else 0.0)
+            delayed.add_metric([q.queue], q.delayed)
+            oldest.add_metric([q.queue], q.oldest_seconds or 0.0)
+        yield from (tasks, capped, delayed, oldest)
+        est = GaugeMetricFamily(
+            "worker_tasks_estimated",
+            "Rows per state in the whole task table, from the planner's statistics (as fresh as "
+            "the last autovacuum analyze).",
+            labels=["state"],
+        )
+        for state, n in sorted(snap.estimates.items()):
+            est.add_metric([state], n)
+        yield est
+        alive = GaugeMetricFamily(
+            "worker_workers_alive",
+            "Worker processes in the whole fleet with a recent heartbeat. Fleet-wide: every "
+            "machine reports the same value; aggregate with max.",
+        )
+        alive.add_metric([], snap.workers_alive)
+        yield alive
+
+
+def build_registry(db: Database, *, multiprocess_dir: str | None) -> Any:
+    """The registry /metrics serves: the workers' metrics plus the database gauges."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    if multiprocess_dir:
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry, path=multiprocess_dir)
+    else:
+        registry.register(_Forward(REGISTRY))  # type: ignore[arg-type]
+    collector: Collector = DatabaseCollector(db)  # type: ignore[assignment]
+    registry.register(collector)
+    return registry

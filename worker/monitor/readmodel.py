@@ -1,0 +1,326 @@
+"""The read model behind the status page, /readyz and the queue gauges.
+
+Everything the monitor reads from the database goes through ``Database``, which caches: every
+scrape and page view within a cache period shares one query set, so scrapers and browsers cannot
+multiply the load on the database, and none of the statements counts the finished history (see
+queries/metrics.sql).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from .._config import redact, scrub
+from .._migrate import current_version, latest_version
+from .._sql import queries
+
+log = logging.getLogger("worker.metrics")
+
+T = TypeVar("T")
+
+ALIVE_SECONDS = 60.0  # a worker whose heartbeat is older than this is not counted alive
+READY_CACHE_SECONDS = 1.0
+# Finished rows are counted per queue on the page only while the task table's heap is smaller
+# than this (an exact count of a few million rows takes a fraction of a second); above it the
+# page shows the planner's table-wide estimates.
+EXACT_COUNT_MAX_BYTES = 256 * 1024 * 1024
+FAILED_SCAN = 20_000  # recent failures are looked for among this many newest finished rows
+FAILED_SHOWN = 20
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    queue: str
+    queued: int
+    delayed: int
+    running: int
+    capped: bool
+    oldest_seconds: float | None
+
+
+@dataclass
+class Snapshot:
+    """The queue statistics of one refresh (or the error that refresh met)."""
+
+    taken: float
+    wall: datetime
+    queues: list[QueueRow] = field(default_factory=list)
+    estimates: dict[str, float] = field(default_factory=dict)
+    workers_alive: int = 0
+    in_flight: int = 0
+    duration: float = 0.0
+    error: str | None = None
+
+    def age(self) -> float:
+        return time.monotonic() - self.taken
+
+
+@dataclass
+class PageData:
+    snapshot: Snapshot
+    taken: float
+    wall: datetime
+    version: int = 0
+    table_bytes: int = 0
+    finished: dict[tuple[str, str], int] | None = None  # None: table too big to count
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    cron_schedules: list[dict[str, Any]] | None = None  # None: no cron table
+    cron_runs: list[dict[str, Any]] = field(default_factory=list)
+    locks: list[dict[str, Any]] | None = None  # None: no lock table
+    advisory: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def age(self) -> float:
+        return time.monotonic() - self.taken
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return scrub(text.splitlines()[0] if text else type(exc).__name__)
+
+
+# -- the database side -----------------------------------------------------------------------------
+
+
+class Database:
+    """Cached, read-only access for the metrics server.
+
+    One connection, used under a lock: concurrent scrapes wait for the refresh in progress and
+    share its result instead of starting their own. Every read runs in a READ ONLY transaction
+    with a statement timeout, so a slow database delays a scrape by seconds at most and the page
+    can never write.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        *,
+        ttl: float = 10.0,
+        count_cap: int = 100_000,
+        alive_seconds: float = ALIVE_SECONDS,
+        connect_timeout: int = 3,
+        statement_timeout_ms: int = 5000,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.ttl = ttl
+        self.count_cap = count_cap
+        self.alive_seconds = alive_seconds
+        self.connect_timeout = connect_timeout
+        self.statement_timeout_ms = statement_timeout_ms
+        self.q = queries(schema)
+        self.expected_version = latest_version()
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._page: PageData | None = None
+        self._ready_lock = threading.Lock()
+        self._ready: tuple[float, bool, str] | None = None
+
+    @property
+    def display_dsn(self) -> str:
+        return redact(self.dsn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    def _run(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """Run ``fn`` in a read-only transaction; reconnect once if the kept connection broke."""
+        for attempt in (1, 2):
+            fresh = self._conn is None or self._conn.closed
+            if fresh:
+                conn = psycopg.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=self.connect_timeout,
+                    application_name="worker-metrics",
+                    # Never prepared: a few statements every few seconds gain nothing from it,
+                    # and PgBouncer in transaction mode may not know a prepared name.
+                    prepare_threshold=None,
+                    # statement_timeout needs a live server; these notice a vanished one (no RST)
+                    # in seconds instead of the kernel's minutes, so scrapes never hang on it.
+                    keepalives=1,
+                    keepalives_idle=10,
+                    keepalives_interval=5,
+                    keepalives_count=3,
+                    tcp_user_timeout=15000,
+                )
+                conn.read_only = True
+                self._conn = conn
+            conn = self._conn
+            assert conn is not None
+            try:
+                with conn.transaction():
+                    # set_config(..., true) is SET LOCAL: it also behaves behind PgBouncer.
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, true)",
+                        (str(self.statement_timeout_ms),),
+                    )
+                    return fn(conn)
+            except psycopg.OperationalError:
+                self._close()
+                if fresh or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # queue statistics (for /metrics and the page)
+
+    def queue_snapshot(self) -> Snapshot:
+        snap = self._snapshot
+        if snap is not None and snap.age() < self.ttl:
+            return snap
+        with self._lock:
+            snap = self._snapshot
+            if snap is not None and snap.age() < self.ttl:
+                return snap  # another thread refreshed it while we waited
+            snap = self._refresh_snapshot()
+            self._snapshot = snap
+            return snap
+
+    def _refresh_snapshot(self) -> Snapshot:
+        start = time.monotonic()
+        try:
+            snap = self._run(self._read_snapshot)
+        except psycopg.Error as exc:
+            log.warning("queue statistics unavailable: %s", _first_line(exc))
+            return Snapshot(time.monotonic(), datetime.now(UTC), error=_first_line(exc))
+        snap.duration = time.monotonic() - start
+        return snap
+
+    def _read_snapshot(self, conn: psycopg.Connection) -> Snapshot:
+        q = self.q
+        rows = conn.execute(
+            q["metrics_queue_stats"],
+            {"cap": self.count_cap, "alive_seconds": self.alive_seconds},
+        ).fetchall()
+        queues = [
+            QueueRow(name, int(queued), int(delayed), int(running), bool(capped), oldest)
+            for name, queued, delayed, running, capped, oldest in rows
+        ]
+        estimates = {
+            state: float(n)
+            for state, n in conn.execute(
+                q["metrics_state_estimates"], {"schema": self.schema}
+            ).fetchall()
+        }
+        alive, in_flight = conn.execute(
+            q["metrics_workers_alive"], {"alive_seconds": self.alive_seconds}
+        ).fetchone() or (0, 0)
+        return Snapshot(
+            time.monotonic(),
+            datetime.now(UTC),
+            queues=queues,
+            estimates=estimates,
+            workers_alive=int(alive),
+            in_flight=int(in_flight),
+        )
+
+    # the status page
+
+    def page(self) -> PageData:
+        snap = self.queue_snapshot()
+        page = self._page
+        if page is not None and page.age() < self.ttl and page.snapshot is snap:
+            return page
+        with self._lock:
+            page = self._page
+            if page is not None and page.age() < self.ttl and page.snapshot is snap:
+                return page
+            try:
+                page = self._run(lambda conn: self._read_page(conn, snap))
+            except psycopg.Error as exc:
+                page = PageData(snap, time.monotonic(), datetime.now(UTC), error=_first_line(exc))
+            self._page = page
+            return page
+
+    def _exists(self, conn: psycopg.Connection, table: str) -> bool:
+        row = conn.execute(
+            self.q["status_page_table_exists"], {"name": f"{self.schema}.{table}"}
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _read_page(self, conn: psycopg.Connection, snap: Snapshot) -> PageData:
+        q = self.q
+        page = PageData(snap, time.monotonic(), datetime.now(UTC))
+        page.version = current_version(conn, self.schema)
+        if page.version == 0:
+            page.error = f"schema {self.schema!r} has no worker tables: run `worker migrate`"
+            return page
+        row = conn.execute(q["metrics_table_estimate"], {"schema": self.schema}).fetchone()
+        page.table_bytes = int(row[1]) if row else 0
+        if page.table_bytes <= EXACT_COUNT_MAX_BYTES:
+            page.finished = {
+                (name, state): int(n)
+                for name, state, n in conn.execute(q["status_page_finished_counts"]).fetchall()
+            }
+        with conn.cursor(row_factory=dict_row) as cur:
+            page.workers = cur.execute(q["workers"]).fetchall()
+            page.failed = cur.execute(
+                q["status_page_recent_failed"], {"scan": FAILED_SCAN, "limit": FAILED_SHOWN}
+            ).fetchall()
+            page.cron_runs = cur.execute(q["status_page_cron_runs"]).fetchall()
+            page.advisory = cur.execute(q["status_page_advisory_locks"]).fetchall()
+        if self._exists(conn, "cron_schedules"):
+            page.cron_schedules = [
+                r[0] for r in conn.execute(q["status_page_cron_schedules"]).fetchall()
+            ]
+        if self._exists(conn, "locks"):
+            page.locks = [r[0] for r in conn.execute(q["status_page_locks"]).fetchall()]
+        return page
+
+    # readiness
+
+    def ready(self) -> tuple[bool, str]:
+        """Reachable and migrated, checked on a new connection (a kept one could hide an outage)
+        and cached for a second so that a burst of probes costs one connection."""
+        with self._ready_lock:
+            cached = self._ready
+            if cached is not None and time.monotonic() - cached[0] < READY_CACHE_SECONDS:
+                return cached[1], cached[2]
+            ok, why = self._check_ready()
+            self._ready = (time.monotonic(), ok, why)
+            return ok, why
+
+    def _check_ready(self) -> tuple[bool, str]:
+        try:
+            with psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=2,
+                application_name="worker-readyz",
+                prepare_threshold=None,
+            ) as conn:
+                version = current_version(conn, self.schema)
+        except psycopg.Error as exc:
+            return False, f"database unreachable: {_first_line(exc)}"
+        if version < self.expected_version:
+            return False, (
+                f"schema {self.schema} is at version {version}, this worker needs "
+                f"{self.expected_version}: run `worker migrate`"
+            )
+        return True, f"ok: schema {self.schema} at version {version}"
+
+
+__all__ = ["Database", "PageData", "QueueRow", "Snapshot"]

@@ -1,0 +1,258 @@
+"""The monitor's HTTP server: /metrics, /healthz, /readyz and the status page at /.
+
+One server per machine (the supervisor's, or the single worker process's). Everything it shows
+comes from the cached read model (``readmodel.Database``) and the registry of ``collector``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import logging
+import os
+import shutil
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from .._errors import ConfigError
+from .collector import build_registry, child_exited, prepare_multiprocess_dir
+from .instruments import COUNT_CAP_ENV, DEFAULT_COUNT_CAP, DEFAULT_TTL, MULTIPROC_ENV, TTL_ENV
+from .journal import journal_paths, settle
+from .pages import CSP, render_page
+from .readmodel import Database
+
+log = logging.getLogger("worker.metrics")
+
+# -- HTTP ------------------------------------------------------------------------------------------
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "worker-metrics"
+    protocol_version = "HTTP/1.1"
+    db: Database
+    registry: Any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def _route(self, *, head: bool) -> None:
+        path = urlsplit(self.path).path
+        try:
+            if path == "/metrics":
+                self._metrics(head)
+            elif path == "/healthz":
+                self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8", head)
+            elif path == "/readyz":
+                ok, why = self.db.ready()
+                status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
+                self._send(status, f"{why}\n".encode(), "text/plain; charset=utf-8", head)
+            elif path in ("/", "/index.html"):
+                page = self.db.page()
+                body = render_page(
+                    page,
+                    schema=self.db.schema,
+                    dsn=self.db.display_dsn,
+                    expected_version=self.db.expected_version,
+                    ttl=self.db.ttl,
+                )
+                status = HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
+                self._send(status, body.encode(), "text/html; charset=utf-8", head)
+            else:
+                self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8", head)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception:
+            log.exception("metrics server: %s failed", path)
+            with contextlib.suppress(Exception):
+                self._send(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    b"internal error (see the worker's log)\n",
+                    "text/plain; charset=utf-8",
+                    head,
+                )
+
+    def _metrics(self, head: bool) -> None:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        body = encoder(self.registry)
+        self._send(HTTPStatus.OK, body, content_type, head)
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str, head: bool) -> None:
+        encoding = None
+        if len(body) > 1024 and "gzip" in self.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body, compresslevel=5)
+            encoding = "gzip"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        if content_type.startswith("text/html"):
+            self.send_header("Content-Security-Policy", CSP)
+            self.send_header("X-Frame-Options", "DENY")
+            self.send_header("Referrer-Policy", "no-referrer")
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class WebServer:
+    """A ThreadingHTTPServer on a daemon thread; ``stop()`` shuts it down."""
+
+    def __init__(self, host: str, port: int, *, db: Database, registry: Any) -> None:
+        handler = type("Handler", (_Handler,), {"db": db, "registry": registry})
+        try:
+            self.httpd = _Server((host, port), handler)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+                "(is another process using --metrics-port?)"
+            ) from None
+        self.host = host
+        self.port = int(self.httpd.server_address[1])
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="worker-metrics-http",
+            daemon=True,
+        )
+        self.thread.start()
+        log.info("serving /metrics, /healthz, /readyz and the status page on %s", self.url)
+
+    @property
+    def url(self) -> str:
+        host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value >= 0 else default
+
+
+class MetricsServer:
+    """What ``serve`` returns: the running HTTP server and what it owns."""
+
+    def __init__(
+        self,
+        web: WebServer,
+        db: Database,
+        multiprocess_dir: str | None,
+        previous_env: str | None = None,
+        *,
+        dsn: str = "",
+        schema: str = "worker",
+    ) -> None:
+        self.web = web
+        self.db = db
+        self.multiprocess_dir = multiprocess_dir
+        self._previous_env = previous_env
+        self._dsn = dsn
+        self._schema = schema
+
+    def child_exited(self, pid: int) -> None:
+        """The supervisor's callback for a child that is gone, however it went: drop its live
+        gauges now, and settle its journal in the background (that may wait for the database)."""
+        path = self.multiprocess_dir
+        if not path:
+            return
+        child_exited(pid, path)
+        if any(os.path.exists(p) for p in journal_paths(path, pid)):
+            threading.Thread(
+                target=self._settle, args=(pid, path), name=f"settle-{pid}", daemon=True
+            ).start()
+
+    def _settle(self, pid: int, path: str) -> None:
+        try:
+            settle(pid, path, self._dsn, self._schema)
+        except Exception:
+            log.exception("could not settle the metrics of worker pid %d", pid)
+
+    @property
+    def port(self) -> int:
+        return self.web.port
+
+    @property
+    def url(self) -> str:
+        return self.web.url
+
+    def stop(self) -> None:
+        self.web.stop()
+        self.db.close()
+        if self.multiprocess_dir:
+            shutil.rmtree(self.multiprocess_dir, ignore_errors=True)
+            if os.environ.get(MULTIPROC_ENV) == self.multiprocess_dir:
+                _restore_env(self._previous_env)
+            self.multiprocess_dir = None
+
+
+def serve(
+    host: str,
+    port: int,
+    *,
+    dsn: str,
+    schema: str,
+    multiprocess: bool = False,
+    ttl: float | None = None,
+    count_cap: int | None = None,
+) -> MetricsServer:
+    """Serve /metrics, /healthz, /readyz and the status page at ``/`` until ``stop()``.
+
+    ``multiprocess``: this process is a supervisor whose children do the work; call it before the
+    first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR.
+    """
+    db = Database(
+        dsn,
+        schema,
+        ttl=_env_float(TTL_ENV, DEFAULT_TTL) if ttl is None else ttl,
+        count_cap=count_cap or int(_env_float(COUNT_CAP_ENV, DEFAULT_COUNT_CAP)) or 1,
+    )
+    previous = os.environ.get(MULTIPROC_ENV)
+    path = prepare_multiprocess_dir() if multiprocess else None
+    try:
+        registry = build_registry(db, multiprocess_dir=path)
+        web = WebServer(host, port, db=db, registry=registry)
+    except BaseException:
+        db.close()
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
+            _restore_env(previous)
+        raise
+    return MetricsServer(web, db, path, previous, dsn=dsn, schema=schema)
+
+
+def _restore_env(previous: str | None) -> None:
+    if previous is None:
+        os.environ.pop(MULTIPROC_ENV, None)
+    else:
+        os.environ[MULTIPROC_ENV] = previous
+
+
+__all__ = ["MetricsServer", "WebServer", "serve"]
