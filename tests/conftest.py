@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from worker.dev.embedded import EmbeddedPostgres
 from worker._migrate import migrate
 from worker._registry import Registry
 from worker._worker import Worker, WorkerConfig
+from worker.dev.embedded import EmbeddedPostgres
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,10 +22,10 @@ from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import worker
-from worker.cli import build_parser
-from worker.monitor.instruments import DATABASE_METRICS, WORKER_METRICS, exported_series
 from worker._registry import Registry
 from worker._worker import WorkerConfig
+from worker.cli import build_parser
+from worker.monitor.instruments import DATABASE_METRICS, WORKER_METRICS, exported_series
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from worker.dev import embedded, pginstall
+from worker.dev import pginstall
 from worker.dev.embedded import (
     EmbeddedError,
     EmbeddedPostgres,

@@ -29,10 +29,10 @@ from test_pool import (
 
 import worker
 from worker import _transitions as tr
-from worker.dev.embedded import EmbeddedPostgres
 from worker._migrate import migrate
 from worker._sql import queries
 from worker._worker import WorkerConfig
+from worker.dev.embedded import EmbeddedPostgres
 
 
 def _query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:
@@ -240,7 +240,7 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
     failure = tr.Failure(task_id, 1, 0.0, "ValueError: late", permanent=True)
     assert tr.fail(conn, q, worker_id=a, failures=[failure]) == {}
     assert tr.release(conn, q, worker_id=a, tasks=[(task_id, 1)]) == set()
-    assert tr.heartbeat(conn, q, worker_id=a, ids=[task_id], lease_seconds=3600) == set()
+    assert tr.heartbeat(conn, q, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600) == {task_id}
     assert tr.complete(conn, q, worker_id=b, done=[(task_id, 1)]) == set()  # stale attempt
     assert row() == before
     assert tr.complete(conn, q, worker_id=b, done=[(task_id, 2)]) == {task_id}
@@ -268,7 +268,7 @@ def test_a_worker_whose_heartbeats_stop_loses_its_row_to_another_worker(
 
     task_id = worker.enqueue(conn, "hold", {}, schema=schema)
     a = ThreadWorker(config(concurrency=1), reg)
-    a.worker._heartbeat = lambda: None  # type: ignore[method-assign]  # as if A hung
+    a.worker.lease.stop()  # as if A hung: its leases are no longer renewed
     b = ThreadWorker(config(concurrency=2), reg)
     try:
         with a:

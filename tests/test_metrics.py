@@ -21,14 +21,14 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 import worker
-from worker.dev.embedded import EmbeddedPostgres
 from worker._hooks import emit
-from worker.monitor.instruments import UNREGISTERED, exported_series, instruments
-from worker.monitor.metrics import MetricsHooks
-from worker.monitor.server import serve
 from worker._migrate import migrate
 from worker._registry import Registry
 from worker._worker import WorkerConfig
+from worker.dev.embedded import EmbeddedPostgres
+from worker.monitor.instruments import UNREGISTERED, exported_series, instruments
+from worker.monitor.metrics import MetricsHooks
+from worker.monitor.server import serve
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -601,9 +601,9 @@ def test_children_without_a_metrics_port_count_nothing(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
     """Without --metrics-port nobody serves the numbers, so workers must not pay for them."""
+    from worker._hooks import Hooks
     from worker.cli import build_parser
     from worker.cli.run import _worker_hooks
-    from worker._hooks import Hooks
 
     args = build_parser().parse_args(["run", "m", "--processes", "1", "--child"])
     assert type(_worker_hooks(args)) is Hooks

@@ -220,7 +220,7 @@ def make_ticker(schema: str, *, horizon_seconds: float = DEFAULT_HORIZON_SECONDS
     return Ticker(schema, items, horizon_seconds=horizon_seconds)
 
 
-# -- inspection -------------------------------------------------------------------------------------
+# -- inspection ------------------------------------------------------------------------------
 
 
 def cron_rows(

@@ -449,7 +449,7 @@ def purge_expired_locks(
         return len(execute(conn, q["lock_purge_expired"], {"older_than_seconds": older_than}))
 
 
-# -- inspection -------------------------------------------------------------------------------------
+# -- inspection ------------------------------------------------------------------------------
 
 
 def force_release(conn: psycopg.Connection, schema: str, name: str) -> tuple[str, str] | None:

@@ -7,21 +7,63 @@ rescues the rows; the supervisor's job is to keep capacity up and to stop cleanl
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
+
+from . import _transitions as tr
+from ._sql import queries
+
 log = logging.getLogger("worker.supervisor")
 
 LIVENESS_ENV = "WORKER_LIVENESS_FILE"
+WORKER_ID_ENV = "WORKER_ID"  # the id a supervisor gives each child (its rows' worker_id)
+PARENT_PID_ENV = "WORKER_PARENT_PID"  # a process started with it dies with that parent
+PARENT_SIGNAL_ENV = "WORKER_PARENT_SIGNAL"  # how: SIGKILL (default) or SIGTERM
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Called first thing in a process started by a supervisor (or by ``worker demo``): ask the
+    kernel to signal us when our parent dies, however it dies, then check it is not gone already.
+
+    A child gets SIGKILL: a supervisor that died uncleanly (SIGKILL, OOM) cannot stop its children,
+    and a child frozen in C code holding the GIL would ignore anything gentler; its rows come back
+    when their leases lapse. Without Linux's prctl, the worker's parent watch thread still stops
+    a child whose parent is gone (within a second, if its interpreter is responsive)."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+    sig = getattr(signal, os.environ.get(PARENT_SIGNAL_ENV, "SIGKILL"), signal.SIGKILL)
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if str(os.getppid()) != parent:
+        os._exit(1)  # the parent died before we could ask: do not run unsupervised
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 1`` or ``killed by SIGKILL``, for messages about a dead process."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 @dataclass
@@ -33,6 +75,7 @@ class _Child:
     restart_at: float = 0.0
     liveness: Path | None = None
     spawn_mark: float = 0.0  # the liveness file's mtime when this process was started
+    worker_id: str = ""
 
 
 class Supervisor:
@@ -49,8 +92,14 @@ class Supervisor:
         max_deaths: int = 10,
         death_window: float = 60.0,
         burst: bool = False,
+        dsn: str | None = None,
+        schema: str = "worker",
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.env = env or {}
         self.burst = burst
+        self.dsn = dsn
+        self.schema = schema
         self.argv = argv
         self.children = [_Child(i) for i in range(processes)]
         self.grace_seconds = grace_seconds
@@ -85,10 +134,15 @@ class Supervisor:
         child.liveness = self._dir / f"child-{child.slot}"
         child.liveness.touch()
         child.spawn_mark = child.liveness.stat().st_mtime
+        child.worker_id = str(uuid.uuid4())
         env = {
             **os.environ,
+            **self.env,
             LIVENESS_ENV: str(child.liveness),
             "WORKER_CHILD_SLOT": str(child.slot),
+            WORKER_ID_ENV: child.worker_id,
+            PARENT_PID_ENV: str(os.getpid()),
+            PARENT_SIGNAL_ENV: "SIGKILL",
         }
         # A new process group keeps a terminal's Ctrl-C from reaching the children directly:
         # the supervisor decides when and how they stop.
@@ -148,6 +202,8 @@ class Supervisor:
                 else:
                     continue
             child.proc = None
+            if code != 0:
+                self._hand_back(child, proc.pid, code)
             if self.on_child_exit is not None:
                 self.on_child_exit(proc.pid)  # metrics: its live gauges go, its counts stay
             if self._got_going(child):
@@ -177,6 +233,19 @@ class Supervisor:
                 "worker process %d exited with %s; restarting in %.1fs", child.slot, code, delay
             )
         return True
+
+    def _hand_back(self, child: _Child, pid: int, code: int) -> None:
+        """A child died: put its running rows back now, with an error that says so, instead of
+        leaving them to lapse (see tr.worker_died). In the background: it may wait for the
+        database, and the rows' leases are the fallback anyway."""
+        if not self.dsn or not child.worker_id:
+            return
+        error = (
+            f"WorkerDied: worker process {pid} ({describe_exit(code)}) died while running this "
+            f"task (worker {child.worker_id})"
+        )
+        args = (self.dsn, self.schema, child.worker_id, error)
+        threading.Thread(target=_worker_died, args=args, name="worker-died", daemon=True).start()
 
     def _got_going(self, child: _Child) -> bool:
         """Whether the child touched its liveness file since it was started (its loop ran)."""
@@ -224,5 +293,28 @@ class Supervisor:
 
 
 def child_command(argv: list[str]) -> list[str]:
-    """The command line of one worker process: the same options, one process, marked as a child."""
-    return [sys.executable, "-m", "worker", *argv, "--processes", "1", "--child"]
+    """The command line of one worker process: the same options, one process, marked as a child,
+    without --dsn (the supervisor passes the DSN in the environment: argv is public)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--dsn":
+            skip = True
+        elif not arg.startswith("--dsn="):
+            kept.append(arg)
+    return [sys.executable, "-m", "worker", *kept, "--processes", "1", "--child"]
+
+
+def _worker_died(dsn: str, schema: str, worker_id: str, error: str) -> None:
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            rows = tr.worker_died(conn, queries(schema), worker_id=worker_id, error=error)
+    except psycopg.Error as exc:
+        log.warning("could not hand back a dead worker's tasks (%s); their leases will lapse", exc)
+        return
+    if rows:
+        tasks = ", ".join(f"{r[0]} ({r[2][:100]})" for r in rows[:20])
+        more = f" and {len(rows) - 20} more" if len(rows) > 20 else ""
+        log.warning("%s; handed back its task(s) %s%s", error, tasks, more)

@@ -175,15 +175,26 @@ def heartbeat(
     q: Queries,
     *,
     worker_id: str,
-    ids: Sequence[int],
+    tasks: Sequence[tuple[int, int]],
     lease_seconds: float,
 ) -> set[int]:
-    """Renew leases; returns the ids still owned (the others were lost)."""
+    """Renew the leases of (id, attempt) rows still ours, and the worker's own row; returns the
+    ids that are lost (another owner, another attempt, or no longer running). Waits on no lock."""
+    ids = [i for i, _ in tasks]
+    attempts = [a for _, a in tasks]
     rows = conn.execute(
         q["heartbeat"],
-        {"ids": list(ids), "worker_id": worker_id, "lease_seconds": lease_seconds},
+        {"ids": ids, "attempts": attempts, "worker_id": worker_id, "lease_seconds": lease_seconds},
     ).fetchall()
     return {r[0] for r in rows}
+
+
+def worker_died(
+    conn: psycopg.Connection, q: Queries, *, worker_id: str, error: str
+) -> list[tuple[int, str, str, str]]:
+    """A dead worker process's running rows go back now (see queries/tasks.sql, worker_died)."""
+    rows = conn.execute(q["worker_died"], {"worker_id": worker_id, "error": error}).fetchall()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
 def rescue(

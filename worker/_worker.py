@@ -1,23 +1,26 @@
-"""One worker process: claim batches, run handlers on a pool of threads, acknowledge in batches.
+"""One worker process: claim batches, hand them to runner threads, acknowledge in batches.
 
-The main thread owns every conversation with the database about task state (claim, complete,
-retry, release, heartbeat, rescue, purge), each a single statement per batch. Runner threads only
-run handlers and report outcomes back through a queue, so the hot path costs one claim and one or
-two acknowledgements per batch, never a query per task.
+Four kinds of thread, each with one job and its own connection, so none can delay another:
+
+* the main thread (this module) claims and acknowledges: one transaction per batch that
+  acknowledges the finished jobs and claims the next rows, and nothing else;
+* runner threads (``_executor``) run handlers and report outcomes as plain values;
+* the lease keeper (``_lease``) renews the leases of every job the process holds;
+* maintenance (``_maintenance``) rescues expired rows, purges old ones and enqueues cron slots.
+
+Each job is a small state machine (``_job``). A graceful stop acknowledges finished jobs as they
+arrive, keeps renewing the running ones through the grace period, then hands back the rest.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 import queue as queue_mod
-import random
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,19 +33,26 @@ from psycopg_pool import ConnectionPool
 from . import _transitions as tr
 from ._backoff import retry_delay
 from ._cron import make_ticker
-from ._errors import DoNotRetry, LostLease
+from ._errors import LostLease
+from ._executor import Executor
 from ._hooks import Hooks
+from ._job import LEASED, Job, Outcome, State, format_error
+from ._lease import LeaseKeeper
+from ._maintenance import Maintenance, MaintenanceConfig
 from ._migrate import require_schema
 from ._registry import DEFAULT_BACKOFF, DEFAULT_QUEUE, Context, Registry, TaskDef, registry
 from ._sql import notify_channel, queries
-from ._supervisor import LIVENESS_ENV
+from ._supervisor import LIVENESS_ENV, WORKER_ID_ENV
 
 log = logging.getLogger("worker")
 
 _WAKE = object()
-_MAX_ERROR_CHARS = 4000
 # Longest an outcome waits to be acknowledged with others (unless a claim or stop comes first).
 _MAX_ACK_DELAY = 0.02
+# A handler is written off this long after its timeout (async ones are cancelled at the timeout).
+_OVERDUE_MARGIN = 0.25
+# Longest the main loop waits between two reconnection attempts after a database error.
+_MAX_BACKOFF = 1.0
 
 
 @dataclass
@@ -69,6 +79,7 @@ class WorkerConfig:
     # Behind PgBouncer in transaction mode, server-side prepared statements break: turn them off.
     prepare: bool = True
     burst: bool = False  # stop once nothing is due and nothing is in flight
+    worker_id: str | None = None  # default: $WORKER_ID (set by a supervisor), else a new uuid
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -76,54 +87,26 @@ class WorkerConfig:
 
     @property
     def rescue_seconds(self) -> float:
-        return max(self.lease_seconds / 2, 0.1)
-
-
-@dataclass(slots=True)
-class _Job:
-    token: int
-    claimed: tr.Claimed
-    definition: TaskDef
-    dispatched: float
-    deadline: float | None
-    lost: bool = False
-
-
-@dataclass(slots=True)
-class _Outcome:
-    token: int
-    ok: bool
-    error: str | None = None
-    permanent: bool = False
-    duration: float = 0.0
-    acked: bool = False  # transactional handlers complete their row themselves
+        return max(self.lease_seconds / 4, 0.1)
 
 
 @dataclass
 class _Pending:
-    """Outcomes waiting to be acknowledged together."""
+    """Finished jobs waiting to be acknowledged together."""
 
-    done: list[tuple[int, int]] = field(default_factory=list)
-    failed: list[tr.Failure] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
     since: float = 0.0  # when the oldest waiting outcome arrived
 
+    def add(self, job: Job) -> None:
+        if not self.jobs:
+            self.since = time.monotonic()
+        self.jobs.append(job)
+
     def __bool__(self) -> bool:
-        return bool(self.done or self.failed)
+        return bool(self.jobs)
 
     def __len__(self) -> int:
-        return len(self.done) + len(self.failed)
-
-    def mark(self) -> None:
-        if not self:
-            self.since = time.monotonic()
-
-
-def format_error(exc: BaseException, *, frames: int = 5) -> str:
-    """``Type: message`` then the last few traceback frames: enough to find the line, bounded."""
-    head = f"{type(exc).__name__}: {exc}"
-    tail = "".join(traceback.format_tb(exc.__traceback__)[-frames:])
-    text = f"{head}\n{tail}".rstrip() if tail else head
-    return text[:_MAX_ERROR_CHARS]
+        return len(self.jobs)
 
 
 class Worker:
@@ -139,7 +122,7 @@ class Worker:
         self.config = config
         self.registry = tasks or registry
         self.hooks = hooks or Hooks()
-        self.id = str(uuid.uuid4())
+        self.id = config.worker_id or os.environ.get(WORKER_ID_ENV) or str(uuid.uuid4())
         self.q = queries(config.schema)
         queues = config.queues or sorted({*self.registry.queues(), DEFAULT_QUEUE})
         self.queues = list(dict.fromkeys(queues))
@@ -150,21 +133,53 @@ class Worker:
         self._stop = threading.Event()
         self._stop_now = threading.Event()
         self._events: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
-        self._work: queue_mod.SimpleQueue[_Job | None] = queue_mod.SimpleQueue()
-        self._in_flight: dict[int, _Job] = {}
+        self.jobs: dict[int, Job] = {}  # token -> job, every job this process holds
+        self._by_id: dict[int, Job] = {}  # task id -> job
         self._tokens = 0
-        self._threads: list[threading.Thread] = []
-        self._abandoned = 0
+        self._pending = _Pending()
         self._cursor = tr.ClaimCursor(config.cursor_reset_seconds)
-        self._deadlines = 0  # in-flight jobs with a timeout, so the loop skips the scan when 0
+        self._last_claim = 0.0
         self._queue_turn = 0
-        self._last_claim = 0.0  # monotonic time of the last claim statement
+        self._conn: psycopg.Connection | None = None
+        self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
         self.exit_code = 0
-        self.pool: ConnectionPool | None = None
+        self.pool: ConnectionPool | None = None  # for transactional handlers
         self._max_abandoned = config.max_abandoned or max(config.concurrency, 4)
-        self._cron = _cron_ticker(config.schema, config.cron_keep_seconds)
         self._liveness = os.environ.get(LIVENESS_ENV)
         self._touched = 0.0
+        self.executor = Executor(
+            config.concurrency,
+            self._events,
+            context=self._context,
+            transactional=self._run_transactional,
+        )
+        self.lease = LeaseKeeper(
+            config.dsn,
+            self.q,
+            worker_id=self.id,
+            lease_seconds=config.lease_seconds,
+            interval=config.heartbeat_seconds,
+            leased=self._leased,
+            on_lost=lambda ids: self._events.put(("lost", ids)),
+            prepare=config.prepare,
+        )
+        self.maintenance = Maintenance(
+            config.dsn,
+            self.q,
+            MaintenanceConfig(
+                rescue_seconds=config.rescue_seconds,
+                purge_seconds=config.purge_interval,
+                keep_done_seconds=config.keep_done_seconds,
+                keep_failed_seconds=config.keep_failed_seconds,
+                cron_keep_seconds=config.cron_keep_seconds,
+            ),
+            counted=self.counted,
+            on_rescued=lambda rows: self.hooks.rescued(self, rows),
+            on_cron=self._cron_enqueued,
+            # Never offer a slot older than cron rows are kept: a purged slot could run again.
+            cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
+            prepare=config.prepare,
+        )
         # Wall-clock marks for the benchmark: first claim, last acknowledgement, tasks done.
         self.first_claim: float | None = None
         self.last_ack: float | None = None
@@ -179,40 +194,43 @@ class Worker:
             self._stop_now.set()
         self._events.put(_WAKE)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def run(self) -> int:
         cfg = self.config
         self.pool = ConnectionPool(
             cfg.dsn,
-            min_size=1,
-            max_size=cfg.concurrency + 2,
+            min_size=0,
+            max_size=cfg.concurrency,
             kwargs={"autocommit": True, "prepare_threshold": 5 if cfg.prepare else None},
             open=False,
             name=f"worker-{self.id[:8]}",
-            # While the database is down the main loop must not wait 30 s (the default) for a
-            # connection: it would neither stop promptly nor show the supervisor it is alive.
             timeout=5.0,
+            check=ConnectionPool.check_connection,
         )
-        self.pool.open(wait=True, timeout=15)
+        self.pool.open()
+        started: list[Any] = []
         try:
-            with self.pool.connection() as conn:
-                if cfg.check_schema:
-                    require_schema(conn, cfg.schema)
-                conn.execute(
-                    self.q["register"],
-                    {
-                        "worker_id": self.id,
-                        "host": socket.gethostname(),
-                        "pid": os.getpid(),
-                        "queues": self.queues,
-                        "concurrency": cfg.concurrency,
-                    },
-                )
-            for _ in range(cfg.concurrency):
-                self._start_runner()
-            listener = None
+            conn = self._connection()
+            if cfg.check_schema:
+                require_schema(conn, cfg.schema)
+            conn.execute(
+                self.q["register"],
+                {
+                    "worker_id": self.id,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "queues": self.queues,
+                    "concurrency": cfg.concurrency,
+                },
+            )
+            for service in (self.executor, self.lease, self.maintenance):
+                service.start()
+                started.append(service)
             if cfg.listen:
-                listener = threading.Thread(target=self._listen, name="worker-listen", daemon=True)
-                listener.start()
+                threading.Thread(target=self._listen, name="worker-listen", daemon=True).start()
             log.info(
                 "worker %s started: queues=%s concurrency=%d batch=%d",
                 self.id[:8],
@@ -224,9 +242,11 @@ class Worker:
             self._loop()
             self._shutdown()
         finally:
-            for _ in self._threads:
-                self._work.put(None)
+            self._stop.set()
+            for service in reversed(started):
+                service.stop()
             self.pool.close(timeout=2)
+            self._close()
             self.hooks.stopped(self)
         return self.exit_code
 
@@ -234,63 +254,40 @@ class Worker:
 
     def _loop(self) -> None:
         cfg = self.config
-        pending = _Pending()
-        next_heartbeat = time.monotonic() + cfg.heartbeat_seconds
-        next_rescue = time.monotonic() + random.uniform(0, cfg.rescue_seconds)
-        next_purge = time.monotonic() + random.uniform(0, cfg.purge_interval)
-        next_cron = time.monotonic()
         backoff = 0.0
         more = True  # the last claim came back full: claim again without waiting
         while not self._stop.is_set():
-            now = time.monotonic()
-            wait = 0.0 if more else self._wait_time(pending, now, next_heartbeat)
-            woken = self._collect(pending, block=wait > 0, timeout=wait)
+            wait = 0.0 if more else self._wait_time()
+            woken = self._collect(block=wait > 0, timeout=wait)
             try:
                 now = time.monotonic()
+                self._check_deadlines(now)
                 ready = self._ready_to_claim() and not self._stop.is_set()
+                pending = self._pending
                 if (
                     pending
                     and not ready
                     and (
-                        not self._in_flight
+                        not self._active()
                         or len(pending) >= cfg.batch_size
                         or now - pending.since >= _MAX_ACK_DELAY
                     )
                 ):
-                    self._flush(pending)
-                if now >= next_heartbeat:
-                    self._heartbeat()
-                    next_heartbeat = now + cfg.heartbeat_seconds
-                if now >= next_rescue:
-                    self._rescue()
-                    next_rescue = now + cfg.rescue_seconds * random.uniform(0.8, 1.2)
-                if self._cron is not None and now >= next_cron:
-                    with self.pool.connection() as conn:  # type: ignore[union-attr]
-                        n = self._cron.tick(conn)
-                    if n:
-                        self.hooks.cron_enqueued(self, n)
-                    next_cron = now + self._cron.interval
-                if now >= next_purge:
-                    self._purge()
-                    next_purge = now + cfg.purge_interval * random.uniform(0.8, 1.2)
-                if self._deadlines:
-                    self._check_deadlines(pending)
+                    self._flush()
                 more = False
                 if ready:
-                    claimed, more = self._claim(pending)
+                    claimed, more = self._claim()
                     if woken and claimed == 0:
                         # A NOTIFY may announce rows behind our cursor (a higher priority, say).
                         for q in self.queues:
                             self._cursor.reset(q, now)
-                    if cfg.burst and claimed == 0 and not self._in_flight and not pending:
+                    if cfg.burst and claimed == 0 and not self.jobs:
                         break
-                if self._liveness and now - self._touched >= 1.0:
-                    # Tells the supervisor this loop is alive (see _supervisor.Supervisor._stuck).
-                    os.utime(self._liveness)
-                    self._touched = now
+                self._touch(now)
                 backoff = 0.0
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                backoff = min(max(backoff * 2, 0.2), 10.0)
+                self._close()
+                backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
                 more = False
                 self.hooks.db_error(self, exc)
                 log.warning(
@@ -298,45 +295,49 @@ class Worker:
                     str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
                     backoff,
                 )
-                # Retrying is not stuck: keep telling the supervisor so while waiting, or an
-                # outage longer than its stuck limit gets every worker process killed.
-                end = time.monotonic() + backoff
-                while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
-                    if self._liveness:
-                        os.utime(self._liveness)
-                        self._touched = time.monotonic()
-                    self._stop.wait(min(left, 1.0))
+                # Retrying is not stuck: tell the supervisor so (see _supervisor), or an outage
+                # longer than its stuck limit gets every worker process killed.
+                self._touch(time.monotonic(), force=True)
+                self._stop.wait(backoff)
+
+    def _touch(self, now: float, *, force: bool = False) -> None:
+        if self._liveness and (force or now - self._touched >= 1.0):
+            with contextlib.suppress(OSError):
+                os.utime(self._liveness)
+            self._touched = now
+
+    def _active(self) -> int:
+        """Jobs that hold a slot: claimed or running on a runner that was not written off."""
+        return sum(1 for j in self.jobs.values() if j.state in (State.CLAIMED, State.RUNNING))
 
     def _ready_to_claim(self) -> bool:
         """Claim when at least half a batch of slots is free, so claims stay large when tasks
         are short, or when nothing at all is running, or when free slots have waited a poll
-        interval: long tasks free slots one at a time and may not free more for hours, which
-        left slots idle while tasks were queued."""
-        free = self.config.concurrency - len(self._in_flight)
+        interval: long tasks free slots one at a time and may not free more for hours."""
+        active = self._active()
+        free = self.config.concurrency - active
         want = min(self.config.batch_size, self.config.concurrency)
         if free <= 0:
             return False
-        if not self._in_flight or free >= max(1, want // 2):
+        if not active or free >= max(1, want // 2):
             return True
         return time.monotonic() - self._last_claim >= self.config.poll_interval
 
-    def _wait_time(self, pending: _Pending, now: float, next_heartbeat: float) -> float:
-        """Sleep until an outcome, a NOTIFY, the ack delay, a handler deadline, the heartbeat,
-        or the poll interval, whichever comes first."""
-        wait = min(self.config.poll_interval, max(next_heartbeat - now, 0.0))
-        if pending:
-            wait = min(wait, max(pending.since + _MAX_ACK_DELAY - now, 0.0))
-        if self._deadlines:
-            soonest = min(j.deadline for j in self._in_flight.values() if j.deadline)
-            wait = min(wait, max(soonest - now, 0.0) + 0.01)
+    def _wait_time(self) -> float:
+        """Sleep until an outcome, a NOTIFY, the ack delay, a deadline or the poll interval."""
+        now = time.monotonic()
+        wait = self.config.poll_interval
+        if self._pending:
+            wait = min(wait, max(self._pending.since + _MAX_ACK_DELAY - now, 0.0))
+        deadlines = [
+            j.deadline for j in self.jobs.values() if j.deadline and j.state is State.RUNNING
+        ]
+        if deadlines:
+            wait = min(wait, max(min(deadlines) - now, 0.0) + 0.01)
         return max(wait, 0.001)
 
-    def _collect(self, pending: _Pending, *, block: bool, timeout: float) -> bool:
-        """Move finished outcomes into ``pending``; block for the first one when idle.
-
-        When the worker is busy it does not sleep here: it goes straight back to claiming, and the
-        outcomes that arrived meanwhile are acknowledged together in the next flush.
-        """
+    def _collect(self, *, block: bool, timeout: float) -> bool:
+        """Take what the other threads reported; block for the first report when idle."""
         woken = False
         try:
             item = self._events.get(timeout=timeout) if block else self._events.get_nowait()
@@ -345,157 +346,187 @@ class Worker:
         while True:
             if item is _WAKE:
                 woken = True
-            else:
-                self._record(item, pending)
+            elif isinstance(item, Outcome):
+                self._record(item)
+            elif item[0] == "started":
+                self._started(*item[1:])
+            elif item[0] == "lost":
+                self._lost(item[1])
             try:
                 item = self._events.get_nowait()
             except queue_mod.Empty:
                 return woken
-        return woken
 
-    def _record(self, outcome: _Outcome, pending: _Pending) -> None:
-        job = self._in_flight.pop(outcome.token, None)
+    def _started(self, token: int, runner: int, at: float) -> None:
+        job = self.jobs.get(token)
+        if job is None or job.state is not State.CLAIMED:
+            return
+        job.state = State.RUNNING
+        job.runner = runner
+        timeout = job.definition.timeout
+        job.deadline = at + timeout + _OVERDUE_MARGIN if timeout else None
+
+    def _record(self, outcome: Outcome) -> None:
+        job = self.jobs.get(outcome.token)
         if job is None:
-            return  # abandoned after its timeout: its row was already retried
+            return
         c = job.claimed
         if job.lost:
+            self._forget(job)
             log.warning(
                 "task %d (%s) finished after its lease was lost; result discarded", c.id, c.task
             )
             return
-        if job.deadline is not None:
-            self._deadlines -= 1
+        overdue = job.state is State.OVERDUE
+        if overdue:
+            log.warning(
+                "task %d (%s): its handler came back %.1fs after it was written off",
+                c.id,
+                c.task,
+                time.monotonic() - (job.deadline or time.monotonic()),
+            )
+            if not outcome.acked:
+                # The attempt is recorded as timed out, whatever the handler came back with.
+                outcome.ok, outcome.permanent = False, False
+                outcome.error = (
+                    f"TimeoutError: handler ran {outcome.duration:.1f}s, past its timeout of "
+                    f"{job.definition.timeout:g}s"
+                )
         self.hooks.finished(self, job.definition, c, outcome.ok, outcome.duration)
         if outcome.acked:
+            self._forget(job)
             self.hooks.acked(self, "done", [c.id])
+            self.done_count += 1
             return
-        pending.mark()
-        if outcome.ok:
-            pending.done.append((c.id, c.attempt))
-        else:
-            pending.failed.append(self._failure(job, outcome.error or "", outcome.permanent))
+        job.outcome = outcome
+        job.state = State.FINISHED
+        self._pending.add(job)
 
-    def _failure(self, job: _Job, error: str, permanent: bool) -> tr.Failure:
-        c = job.claimed
-        base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
-        return tr.Failure(c.id, c.attempt, retry_delay(c.attempt, base), error, permanent)
+    def _lost(self, ids: list[int]) -> None:
+        for task_id in ids:
+            job = self._by_id.get(task_id)
+            if job is None or job.lost or job.state is State.ACKING:
+                continue  # acknowledged meanwhile: the row is not ours because we finished it
+            job.lost = True
+            log.warning(
+                "lost task %d (%s): its lease expired and it was rescued; "
+                "this worker will not complete it",
+                job.id,
+                job.claimed.task,
+            )
+            self.hooks.lost(self, job.claimed)
+            if job.state is State.FINISHED:
+                self._pending.jobs.remove(job)
+                self._forget(job)
 
-    def _flush(self, pending: _Pending) -> None:
-        """Acknowledge on its own, when no claim is due to carry the acknowledgements."""
-        if not pending:
-            return
-        assert self.pool is not None
-        with self.pool.connection() as conn, self._counted(conn):
-            acked = self._ack(conn, pending)
-            self._report_acked(pending, *acked)
-        self._acked(pending, *acked)
+    def _forget(self, job: Job) -> None:
+        self.jobs.pop(job.token, None)
+        if self._by_id.get(job.id) is job:
+            del self._by_id[job.id]
+
+    def _leased(self) -> Iterable[tuple[int, int]]:
+        """Called on the lease thread: the rows to renew."""
+        return [(j.id, j.attempt) for j in list(self.jobs.values()) if j.state in LEASED]
+
+    def _check_deadlines(self, now: float) -> None:
+        """Write off handlers past their timeout: their rows stay leased until they return."""
+        for job in list(self.jobs.values()):
+            if job.state is not State.RUNNING or job.deadline is None or now <= job.deadline:
+                continue
+            job.state = State.OVERDUE
+            self.executor.retire(job.runner)
+            stuck = self.executor.retired
+            log.error(
+                "task %d (%s) exceeded its %gs timeout; its thread is written off and its row "
+                "stays leased until it returns (%d stuck)",
+                job.id,
+                job.claimed.task,
+                job.definition.timeout,
+                stuck,
+            )
+            if stuck > self._max_abandoned:
+                log.error(
+                    "%d handler threads are stuck; stopping this process so it can be replaced",
+                    stuck,
+                )
+                self.exit_code = 3
+                self.stop(now=True)
+
+    # -- acknowledging and claiming ----------------------------------------------------------
 
     @contextlib.contextmanager
-    def _counted(self, conn: psycopg.Connection) -> Iterator[None]:
+    def counted(self, conn: psycopg.Connection) -> Iterator[None]:
         """A transaction whose events the hooks hear inside it, so that an observer can tie what
-        it counts to the commit (see _hooks.Hooks.begin)."""
+        it counts to the commit (see _hooks.Hooks.begin). One at a time per process: the main
+        thread's claims and the maintenance thread's rescues take turns at the hooks."""
         hooks = self.hooks
-        hooks.begin()
-        try:
-            with conn.transaction():
-                yield
-                hooks.prepare(self, conn)
-        except BaseException:
-            hooks.rollback()
-            raise
-        hooks.commit()
+        with self._hooks_lock:
+            hooks.begin()
+            try:
+                with conn.transaction():
+                    yield
+                    hooks.prepare(self, conn)
+            except BaseException:
+                hooks.rollback()
+                raise
+            hooks.commit()
 
-    def _ack(self, conn: psycopg.Connection, pending: _Pending) -> tuple[set[int], dict[int, str]]:
-        """Run the acknowledgement statements; the caller commits, then calls ``_acked``."""
-        kept: set[int] = set()
-        states: dict[int, str] = {}
-        if pending.done:
-            delete = self.config.keep_done_seconds <= 0
-            kept = tr.complete(conn, self.q, worker_id=self.id, done=pending.done, delete=delete)
-        if pending.failed:
-            states = tr.fail(conn, self.q, worker_id=self.id, failures=pending.failed)
-        return kept, states
+    def _flush(self) -> None:
+        """Acknowledge on its own, when no claim is due to carry the acknowledgements."""
+        if self._pending:
+            self._claim(claim=False)
 
-    def _report_acked(self, pending: _Pending, kept: set[int], states: dict[int, str]) -> None:
-        """Inside the acknowledging transaction: tell the hooks what it changed."""
-        if pending.done:
-            self.hooks.acked(self, "done", [i for i, _ in pending.done if i in kept])
-        if pending.failed:
-            self.hooks.acked(self, "failed", states)
-
-    def _acked(self, pending: _Pending, kept: set[int], states: dict[int, str]) -> None:
-        """After the commit: log, and empty ``pending``."""
-        if pending.done:
-            sent = pending.done
-            self._report_lost([i for i, _ in sent if i not in kept], "complete")
-            self.done_count += len(kept)
-            self.last_ack = time.time()
-            pending.done = []
-        if pending.failed:
-            sent_f = pending.failed
-            self._report_lost([f.id for f in sent_f if f.id not in states], "retry")
-            for f in sent_f:
-                if f.id in states:
-                    level = logging.WARNING if states[f.id] == "failed" else logging.INFO
-                    log.log(
-                        level,
-                        "task %d attempt %d %s: %s",
-                        f.id,
-                        f.attempt,
-                        "failed for good" if states[f.id] == "failed" else "will retry",
-                        f.error.splitlines()[0] if f.error else "",
-                    )
-            pending.failed = []
-
-    def _report_lost(self, ids: Iterable[int], action: str) -> None:
-        for task_id in ids:
-            log.warning(
-                "could not %s task %d: this worker no longer owns it (lease expired, rescued)",
-                action,
-                task_id,
-            )
-
-    def _claim(self, pending: _Pending) -> tuple[int, bool]:
+    def _claim(self, *, claim: bool = True) -> tuple[int, bool]:
         """Acknowledge what is pending and fill free slots, in one transaction.
 
         One commit per batch instead of two: with durable commits the WAL flush, not the SQL,
         is what a batch costs most. If anything fails, both roll back together: the finished
-        tasks stay pending here and the rows we tried to claim stay queued. One claim
-        statement per queue, round-robin. Returns how many rows were claimed and whether some
-        queue came back full (more may be waiting).
+        jobs stay pending and the rows we tried to claim stay queued. One claim statement per
+        queue, round-robin. Returns how many rows were claimed and whether a queue came back
+        full (more may be waiting).
         """
         cfg = self.config
-        free = cfg.concurrency - len(self._in_flight)
-        assert self.pool is not None
-        self._last_claim = time.monotonic()
+        free = cfg.concurrency - self._active() if claim else 0
+        acking = self._pending.jobs
+        self._pending = _Pending()
+        for job in acking:
+            job.state = State.ACKING
         claimed: list[tuple[str, float, int, list[tr.Claimed]]] = []
-        with self.pool.connection() as conn, self._counted(conn):
-            acked = self._ack(conn, pending) if pending else None
-            for i in range(len(self.queues)):
-                if free <= 0:
-                    break
-                name = self.queues[(self._queue_turn + i) % len(self.queues)]
-                now = time.monotonic()
-                limit = min(cfg.batch_size, free)
-                rows = tr.claim(
-                    conn,
-                    self.q,
-                    queue=name,
-                    limit=limit,
-                    worker_id=self.id,
-                    lease_seconds=cfg.lease_seconds,
-                    cursor=self._cursor.position(name, now),
-                    max_attempts=self._max_attempts,
-                )
-                claimed.append((name, now, limit, rows))
-                free -= len(rows)
-            if acked is not None:
-                self._report_acked(pending, *acked)
-            for _name, _now, _limit, rows in claimed:
-                if rows:
-                    self.hooks.claimed(self, rows)
-        if acked is not None:
-            self._acked(pending, *acked)
+        if claim:
+            self._last_claim = time.monotonic()
+        conn = self._connection()
+        try:
+            with self.counted(conn):
+                kept, states = self._ack(conn, acking)
+                for i in range(len(self.queues) if claim else 0):
+                    if free <= 0:
+                        break
+                    name = self.queues[(self._queue_turn + i) % len(self.queues)]
+                    now = time.monotonic()
+                    limit = min(cfg.batch_size, free)
+                    rows = tr.claim(
+                        conn,
+                        self.q,
+                        queue=name,
+                        limit=limit,
+                        worker_id=self.id,
+                        lease_seconds=cfg.lease_seconds,
+                        cursor=self._cursor.position(name, now),
+                        max_attempts=self._max_attempts,
+                    )
+                    claimed.append((name, now, limit, rows))
+                    free -= len(rows)
+                self._report_acked(acking, kept, states)
+                for _name, _now, _limit, rows in claimed:
+                    if rows:
+                        self.hooks.claimed(self, rows)
+        except BaseException:
+            for job in acking:  # not acknowledged: they wait for the next transaction
+                if job.state is State.ACKING:
+                    job.state = State.FINISHED
+                    self._pending.add(job)
+            raise
+        self._acked(acking, kept, states)
         self._queue_turn += 1
         total, full = 0, False
         for name, now, limit, rows in claimed:
@@ -511,214 +542,154 @@ class Worker:
                 full = True
         return total, full
 
+    def _ack(self, conn: psycopg.Connection, jobs: list[Job]) -> tuple[set[int], dict[int, str]]:
+        """Run the acknowledgement statements; the caller commits, then calls ``_acked``."""
+        done = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.ok]
+        failures = [self._failure(j) for j in jobs if j.outcome and not j.outcome.ok]
+        kept: set[int] = set()
+        states: dict[int, str] = {}
+        if done:
+            delete = self.config.keep_done_seconds <= 0
+            kept = tr.complete(conn, self.q, worker_id=self.id, done=done, delete=delete)
+        if failures:
+            states = tr.fail(conn, self.q, worker_id=self.id, failures=failures)
+        return kept, states
+
+    def _failure(self, job: Job) -> tr.Failure:
+        c, outcome = job.claimed, job.outcome
+        assert outcome is not None
+        base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
+        delay = retry_delay(c.attempt, base)
+        return tr.Failure(c.id, c.attempt, delay, outcome.error or "", outcome.permanent)
+
+    def _report_acked(self, jobs: list[Job], kept: set[int], states: dict[int, str]) -> None:
+        """Inside the acknowledging transaction: tell the hooks what it changed."""
+        if any(j.outcome and j.outcome.ok for j in jobs):
+            self.hooks.acked(self, "done", [j.id for j in jobs if j.id in kept])
+        if any(j.outcome and not j.outcome.ok for j in jobs):
+            self.hooks.acked(self, "failed", states)
+
+    def _acked(self, jobs: list[Job], kept: set[int], states: dict[int, str]) -> None:
+        """After the commit: log, and forget the jobs."""
+        for job in jobs:
+            self._forget(job)
+            outcome = job.outcome
+            assert outcome is not None
+            if outcome.ok and job.id in kept:
+                self.done_count += 1
+                self.last_ack = time.time()
+            elif not outcome.ok and job.id in states:
+                state = states[job.id]
+                log.log(
+                    logging.WARNING if state == "failed" else logging.INFO,
+                    "task %d attempt %d %s: %s",
+                    job.id,
+                    job.attempt,
+                    "failed for good" if state == "failed" else "will retry",
+                    outcome.error.splitlines()[0] if outcome.error else "",
+                )
+            else:
+                self._report_lost([job.id], "complete" if outcome.ok else "retry")
+
+    def _report_lost(self, ids: Iterable[int], action: str) -> None:
+        for task_id in ids:
+            log.warning(
+                "could not %s task %d: this worker no longer owns it (lease expired, rescued)",
+                action,
+                task_id,
+            )
+
     def _dispatch(self, rows: list[tr.Claimed]) -> None:
         now = time.monotonic()
         for c in rows:
             self._tokens += 1
             definition = self.registry.get(c.task)
+            job = Job(self._tokens, c, definition or _UNKNOWN, now, None)
+            self.jobs[job.token] = job
+            self._by_id[c.id] = job
             if definition is None:
                 known = ", ".join(self.registry.names()) or "none"
+                name = c.task if len(c.task) <= 200 else c.task[:200] + "..."
                 error = (
-                    f"UnknownTask: no handler named {c.task!r} is registered in this worker "
-                    f"(known: {known}); check the task name or deploy a worker that has it"
+                    f"UnknownTask: no handler named {name!r} is registered in this worker "
+                    f"(known: {known[:1000]}); check the task name or deploy a worker that has it"
                 )
-                job = _Job(self._tokens, c, _UNKNOWN, now, None)
-                self._in_flight[job.token] = job
-                self._events.put(_Outcome(job.token, ok=False, error=error))
+                job.state = State.RUNNING
+                self._record(Outcome(job.token, ok=False, error=error))
                 continue
-            deadline = now + definition.timeout + 0.25 if definition.timeout else None
-            if deadline is not None:
-                self._deadlines += 1
-            job = _Job(self._tokens, c, definition, now, deadline)
-            self._in_flight[job.token] = job
-            self._work.put(job)
+            self.executor.submit(job)
 
-    # -- maintenance ---------------------------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        assert self.pool is not None
-        live = [j for j in self._in_flight.values() if not j.lost]
-        with self.pool.connection() as conn:
-            owned = tr.heartbeat(
-                conn,
-                self.q,
-                worker_id=self.id,
-                ids=[j.claimed.id for j in live],
-                lease_seconds=self.config.lease_seconds,
-            )
-        for job in live:
-            if job.claimed.id not in owned:
-                job.lost = True
-                log.warning(
-                    "lost task %d (%s): its lease expired and it was rescued; "
-                    "this worker will not complete it",
-                    job.claimed.id,
-                    job.claimed.task,
-                )
-                self.hooks.lost(self, job.claimed)
-
-    def _rescue(self) -> None:
-        assert self.pool is not None
-        with self.pool.connection() as conn:
-            while True:
-                with self._counted(conn):
-                    rows = tr.rescue(conn, self.q, limit=1000)
-                    if rows:
-                        self.hooks.rescued(self, rows)
-                if rows:
-                    log.warning("rescued %d task(s) whose lease expired", len(rows))
-                if len(rows) < 1000:
-                    break
-
-    def _purge(self) -> None:
-        cfg = self.config
-        if cfg.keep_done_seconds < 0:
-            return
-        assert self.pool is not None
-        with self.pool.connection() as conn:
-            for _ in range(20):  # bounded: a backlog is worked off over several rounds
-                n = tr.purge(
-                    conn,
-                    self.q,
-                    done_seconds=cfg.keep_done_seconds,
-                    failed_seconds=cfg.keep_failed_seconds,
-                    cron_keep_seconds=cfg.cron_keep_seconds,
-                )
-                if n < 5000:
-                    break
-            conn.execute(self.q["forget_stale"], {"older_than_seconds": 86400.0})
-
-    def _check_deadlines(self, pending: _Pending) -> None:
-        """Abandon handlers past their timeout: retry their rows and replace their threads."""
-        now = time.monotonic()
-        expired = [j for j in self._in_flight.values() if j.deadline and now > j.deadline]
-        for job in expired:
-            del self._in_flight[job.token]
-            self._deadlines -= 1
-            timeout = job.definition.timeout
-            pending.mark()
-            pending.failed.append(
-                self._failure(
-                    job,
-                    f"TimeoutError: handler ran longer than its timeout of {timeout:g}s "
-                    "and was abandoned",
-                    False,
-                )
-            )
-            self.hooks.finished(self, job.definition, job.claimed, False, now - job.dispatched)
-            if job.definition.is_async:
-                continue  # its own loop cancels it; the thread comes back by itself
-            self._abandoned += 1
-            log.error(
-                "task %d (%s) exceeded its %gs timeout; abandoned its thread (%d abandoned)",
-                job.claimed.id,
-                job.claimed.task,
-                timeout,
-                self._abandoned,
-            )
-            if self._abandoned > self._max_abandoned:
-                log.error(
-                    "%d handler threads are stuck; stopping this process so it can be replaced",
-                    self._abandoned,
-                )
-                self.exit_code = 3
-                self.stop(now=True)
-            else:
-                self._start_runner()
+    def _cron_enqueued(self, n: int) -> None:
+        with self._hooks_lock:
+            self.hooks.cron_enqueued(self, n)
 
     # -- stopping ------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        """Wait up to the grace period for in-flight tasks, acknowledge them, hand back the rest."""
+        """Acknowledge finished jobs as they come, for up to the grace period (their leases are
+        renewed meanwhile), then hand back the rest without counting their attempt."""
         cfg = self.config
-        pending = _Pending()
-        deadline = time.monotonic() + (0 if self._stop_now.is_set() else cfg.grace_seconds)
-        if self._in_flight:
+        now_only = self._stop_now.is_set()
+        deadline = time.monotonic() + (0 if now_only else cfg.grace_seconds)
+        if self._running():
             log.info(
-                "stopping: waiting up to %.0fs for %d task(s)",
-                cfg.grace_seconds,
-                len(self._in_flight),
+                "stopping: waiting up to %.0fs for %d task(s)", cfg.grace_seconds, self._running()
             )
-        while self._in_flight and time.monotonic() < deadline and not self._stop_now.is_set():
-            self._collect(pending, block=True, timeout=min(0.2, deadline - time.monotonic()))
-            self._check_deadlines(pending)
-        self._collect(pending, block=False, timeout=0)
-        unfinished = [(j.claimed.id, j.claimed.attempt) for j in self._in_flight.values()]
+        delay = 0.1
+        while True:
+            self._collect(block=False, timeout=0)
+            try:
+                self._flush()
+                delay = 0.1
+            except psycopg.Error as exc:
+                self._close()
+                log.warning("could not acknowledge on stop (%s); retrying", _first_line(exc))
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            left = deadline - time.monotonic()
+            if not self._running() and not self._pending:
+                break
+            if left <= 0 or self._stop_now.is_set():
+                break
+            self._collect(block=True, timeout=min(_MAX_ACK_DELAY * 5, left))
+            self._check_deadlines(time.monotonic())
+        self._hand_back()
+
+    def _running(self) -> int:
+        return sum(1 for j in self.jobs.values() if not j.lost and j.state is not State.FINISHED)
+
+    def _hand_back(self) -> None:
+        """Release unstarted and running jobs; leave overdue ones leased (their threads still run:
+        the lease lapses when this process is gone, and a rescue records the attempt)."""
+        back = [
+            (j.id, j.attempt)
+            for j in self.jobs.values()
+            if not j.lost and j.state in (State.CLAIMED, State.RUNNING)
+        ]
         for attempt in range(5):
             try:
-                self._flush(pending)
-                assert self.pool is not None
-                with self.pool.connection() as conn:
-                    if unfinished:
-                        returned = tr.release(conn, self.q, worker_id=self.id, tasks=unfinished)
-                        log.warning("handed back %d unfinished task(s)", len(returned))
-                        unfinished = []
-                    conn.execute(self.q["unregister"], {"worker_id": self.id})
+                conn = self._connection()
+                if self._pending:
+                    self._flush()
+                if back:
+                    returned = tr.release(conn, self.q, worker_id=self.id, tasks=back)
+                    log.warning("handed back %d unfinished task(s)", len(returned))
+                    back = []
+                conn.execute(self.q["unregister"], {"worker_id": self.id})
                 break
-            except psycopg.OperationalError as exc:
-                log.warning("could not settle tasks on stop (%s); retrying", exc)
+            except psycopg.Error as exc:
+                self._close()
+                log.warning("could not settle tasks on stop (%s); retrying", _first_line(exc))
                 time.sleep(min(0.5 * 2**attempt, 4))
         log.info("worker %s stopped", self.id[:8])
 
-    # -- threads -------------------------------------------------------------------------------
+    # -- handlers that need the worker ---------------------------------------------------------
 
-    def _start_runner(self) -> None:
-        t = threading.Thread(
-            target=self._runner, name=f"worker-run-{len(self._threads)}", daemon=True
-        )
-        self._threads.append(t)
-        t.start()
-
-    def _runner(self) -> None:
-        loop: asyncio.AbstractEventLoop | None = None
-        events = self._events
-        get = self._work.get
-        while True:
-            job = get()
-            if job is None:
-                if loop is not None:
-                    loop.close()
-                return
-            d = job.definition
-            c = job.claimed
-            start = time.perf_counter()
-            outcome = _Outcome(job.token, ok=True)
-            try:
-                if d.transactional:
-                    self._run_transactional(job)
-                    outcome.acked = True
-                elif d.is_async:
-                    if loop is None:
-                        loop = asyncio.new_event_loop()
-                    coro = (
-                        d.fn(c.payload, self._context(job)) if d.wants_context else d.fn(c.payload)
-                    )
-                    if d.timeout:
-                        coro = asyncio.wait_for(coro, d.timeout)
-                    loop.run_until_complete(coro)
-                elif d.wants_context:
-                    d.fn(c.payload, self._context(job))
-                else:
-                    d.fn(c.payload)
-            except DoNotRetry as exc:
-                outcome.ok, outcome.permanent, outcome.error = False, True, format_error(exc)
-            except TimeoutError as exc:
-                outcome.ok = False
-                outcome.error = (
-                    f"TimeoutError: handler ran longer than its timeout of {d.timeout:g}s"
-                    if d.is_async and d.timeout
-                    else format_error(exc)
-                )
-            except BaseException as exc:  # a handler's SystemExit must not kill the worker
-                outcome.ok, outcome.error = False, format_error(exc)
-            outcome.duration = time.perf_counter() - start
-            events.put(outcome)
-
-    def _context(self, job: _Job, conn: psycopg.Connection | None = None) -> Context:
+    def _context(self, job: Job, conn: psycopg.Connection | None = None) -> Context:
         c = job.claimed
         return Context(c.id, c.task, c.queue, c.attempt, c.max_attempts, self.id, conn)
 
-    def _run_transactional(self, job: _Job) -> None:
+    def _run_transactional(self, job: Job) -> None:
         """Run the handler inside the transaction that marks its task done (fenced)."""
         assert self.pool is not None
         c = job.claimed
@@ -730,6 +701,26 @@ class Worker:
                     f"task {c.id} was rescued while its handler ran; its writes are rolled back"
                 )
 
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection:
+        """The main thread's own connection, made again after an error (no pool backoff)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self.config.dsn,
+                autocommit=True,
+                connect_timeout=5,
+                prepare_threshold=5 if self.config.prepare else None,
+                application_name="worker",
+            )
+        return self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
     def _listen(self) -> None:
         """Wake the main loop on NOTIFY. Optional: without it the worker polls."""
         dsn = self.config.listen_dsn or self.config.dsn
@@ -737,9 +728,10 @@ class Worker:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(channel))
                     backoff = 0.5
+                    self._events.put(_WAKE)  # rows may have come while we were not listening
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self._events.put(_WAKE)
@@ -748,17 +740,12 @@ class Worker:
                     "listener disconnected (%s); polling until it reconnects", type(exc).__name__
                 )
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = min(backoff * 2, 2.0)
 
 
-def _cron_ticker(schema: str, keep_seconds: float) -> Any:
-    """The cron scheduler for this process's schedules, or None when it declares none.
-
-    Each worker process enqueues due cron slots itself; the unique (cron_key, cron_at) index
-    makes exactly one insert per slot win, so no leader is needed (see _cron).
-    """
-    # Never offer a slot older than cron rows are kept: a purged slot could run again.
-    return make_ticker(schema, horizon_seconds=keep_seconds)
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _unknown_handler(payload: Any) -> None:  # pragma: no cover - never called

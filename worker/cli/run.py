@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from .._registry import registry
-from .._supervisor import LIVENESS_ENV, Supervisor, child_command
+from .._supervisor import LIVENESS_ENV, Supervisor, child_command, die_with_parent
 from .._worker import Worker, WorkerConfig
 from ..monitor.metrics import worker_hooks
 from ..monitor.server import serve
@@ -25,6 +25,8 @@ log = logging.getLogger("worker")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # Before the import: a supervisor (or `worker demo`) killed meanwhile leaves no orphan.
+    die_with_parent()
     import_tasks(args.module)
     if len(registry) == 0:
         raise CliError(
@@ -43,6 +45,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             stuck_seconds=args.stuck_after or max(60.0, args.lease * 2),
             start_seconds=args.start_timeout,
             burst=args.burst,
+            dsn=dsn,
+            schema=args.schema,
+            # The DSN reaches the children through their environment, never their command line
+            # (which every user of the machine can read with ps).
+            env={"WORKER_DSN": dsn},
         )
         metrics = _start_metrics(args, dsn)
         if metrics is not None:

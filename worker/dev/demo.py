@@ -6,6 +6,7 @@ It uses its own schema (worker_demo by default) so it never mixes with real queu
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from .._admin import status
 from .._config import redact
 from .._enqueue import enqueue, enqueue_many
 from .._migrate import migrate
-from . import demo_tasks  # noqa: F401  (registering the handlers gives their queues to enqueue)
+from .._supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
 
 
 def main(args: argparse.Namespace, dsn: str) -> int:
@@ -33,22 +34,43 @@ def main(args: argparse.Namespace, dsn: str) -> int:
                 "worker",
                 "run",
                 "worker.dev.demo_tasks",
-                "--dsn",
-                dsn,
                 "--schema",
                 schema,
                 "--processes",
                 str(args.processes),
                 "--log-level",
                 "WARNING",
-            ]
+            ],
+            # The DSN goes through the environment (argv is public), and the pool stops with
+            # the demo, however the demo ends (PARENT_*: see _supervisor.die_with_parent).
+            env={
+                **os.environ,
+                "WORKER_DSN": dsn,
+                PARENT_PID_ENV: str(os.getpid()),
+                PARENT_SIGNAL_ENV: "SIGTERM",
+            },
         )
-        try:
-            return _produce_and_watch(conn, schema, args.tasks, pool)
-        finally:
+
+        def forward(signum: int, _frame: object) -> None:
             if pool.poll() is None:
                 pool.send_signal(signal.SIGTERM)
-                pool.wait(timeout=60)
+            raise KeyboardInterrupt
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return _produce_and_watch(conn, schema, args.tasks, pool)
+        except KeyboardInterrupt:
+            print("demo: stopping the worker pool", file=sys.stderr)
+            return 130
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if pool.poll() is None:
+                pool.send_signal(signal.SIGTERM)
+            try:
+                pool.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                pool.kill()
 
 
 def _produce_and_watch(
@@ -56,7 +78,13 @@ def _produce_and_watch(
 ) -> int:
     start = time.monotonic()
     images = int(n * 0.9)
-    enqueue_many(conn, "demo.resize_image", ({"image": i} for i in range(images)), schema=schema)
+    enqueue_many(
+        conn,
+        "demo.resize_image",
+        ({"image": i} for i in range(images)),
+        queue="media",  # the handler's queue (see demo_tasks; this process does not import it)
+        schema=schema,
+    )
     for i in range(n - images - 1):
         enqueue(
             conn,

@@ -120,19 +120,65 @@ RETURNING t.id;
 
 -- name: heartbeat
 -- One statement per heartbeat, whatever the number of tasks in flight: renew the leases of this
--- worker's running rows and its own row. Rows missing from the result were lost (rescued and
--- possibly claimed by another worker): the worker must not complete them.
+-- worker's rows at the attempts it claimed, and its own row. It returns the ids that are lost
+-- (rescued, claimed again, or at another attempt): the worker must not complete them.
+-- SKIP LOCKED: a row locked right now is being changed by our own acknowledgement or by a
+-- transactional handler's commit (or by a rescuer, which the next heartbeat will notice); the
+-- heartbeat never waits for it, and counts it as ours while it still is, or is done by us.
 WITH me AS (
     UPDATE {schema}.workers
        SET heartbeat_at = now(), in_flight = cardinality(%(ids)s::bigint[])
      WHERE id = %(worker_id)s
+), mine AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt) ON t.id = a.id
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- primary-key look-ups; the join only fences
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+       FOR UPDATE OF t SKIP LOCKED
+), renewed AS (
+    UPDATE {schema}.tasks AS t
+       SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+     WHERE t.id = ANY(ARRAY(SELECT id FROM mine))
+    RETURNING t.id
 )
+SELECT a.id
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+  LEFT JOIN {schema}.tasks AS t ON t.id = a.id
+ WHERE a.id NOT IN (SELECT id FROM renewed)
+   AND NOT coalesce(t.worker_id = %(worker_id)s AND t.attempts = a.attempt
+                    AND (t.lease_expires_at IS NOT NULL OR t.state = 'done'), false);
+
+-- name: session_statement_timeout
+-- The lease keeper's connection: a renewal that cannot finish in time fails instead of waiting.
+SELECT set_config('statement_timeout', %(ms)s, false);
+
+-- name: worker_died
+-- The supervisor saw one of its worker processes die: its rows go back at once instead of
+-- waiting for their leases, each with an error that says what happened. A task's first such
+-- death does not count the attempt (it may have been an innocent neighbour of the task that
+-- crashed the process); a second in a row does, so a task that kills its process still ends
+-- failed after its attempts.
 UPDATE {schema}.tasks AS t
-   SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
- WHERE t.id = ANY(%(ids)s::bigint[])
+   SET state = CASE WHEN counted AND t.attempts >= t.max_attempts
+                    THEN 'failed'::{schema}.task_state ELSE 'queued' END,
+       attempts = CASE WHEN counted THEN t.attempts ELSE greatest(t.attempts - 1, 0) END,
+       run_at = now(),
+       finished_at = CASE WHEN counted AND t.attempts >= t.max_attempts THEN now() END,
+       last_error = %(error)s || '; tasks it was running: ' || d.running,
+       lease_expires_at = NULL
+  FROM (SELECT id, coalesce(last_error LIKE 'WorkerDied:%%', false) AS counted,
+               string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
+          FROM {schema}.tasks
+         WHERE worker_id = %(worker_id)s
+           AND state = 'in_progress'
+         LIMIT 1000) AS d
+ WHERE t.id = d.id
+   AND t.state = 'in_progress'
    AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id;
+RETURNING t.id, t.queue, t.task, t.state::text AS state;
 
 -- name: rescue
 -- Any worker runs this now and then; no leader is needed. Rows whose lease ran out (their worker

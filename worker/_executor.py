@@ -1,0 +1,160 @@
+"""Runner threads: they run handlers and turn what happened into an ``Outcome``, nothing else.
+
+A runner takes a job from the work queue, calls its handler (sync, ``async def`` on the runner's
+own event loop, or inside a transaction for ``transactional=True``), and puts the outcome on the
+events queue of the main thread. Runners never talk to the database about task state, with one
+exception: a transactional handler completes its own row in its own transaction.
+
+A handler past its timeout cannot be stopped from outside its thread. The main thread then
+*retires* that runner (``retire``) and starts another in its place, so the slot is not lost; the
+retired runner finishes its job, reports it, and exits. Async handlers are cancelled at their
+timeout by ``asyncio.wait_for``; one that ignores cancellation (it blocks its loop) is retired
+like a stuck sync handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._errors import DoNotRetry
+from ._job import Job, Outcome, format_error
+from ._registry import Context
+
+log = logging.getLogger("worker")
+
+# Runs a transactional handler in the transaction that completes its row (see Worker).
+TransactionalRun = Callable[[Job], None]
+MakeContext = Callable[[Job], Context]
+
+
+class Executor:
+    """``concurrency`` runner threads, plus replacements for retired ones."""
+
+    def __init__(
+        self,
+        concurrency: int,
+        events: queue_mod.SimpleQueue[Any],
+        *,
+        context: MakeContext,
+        transactional: TransactionalRun,
+    ) -> None:
+        self.concurrency = concurrency
+        self._events = events
+        self._work: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
+        self._context = context
+        self._transactional = transactional
+        self._threads: dict[int, threading.Thread] = {}
+        self._retired: set[int] = set()
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self._start_runner()
+
+    def submit(self, job: Job) -> None:
+        self._work.put(job)
+
+    def retire(self, runner: int) -> None:
+        """The runner's job is past its timeout: write the thread off and start another."""
+        with self._lock:
+            if runner in self._retired or runner not in self._threads:
+                return
+            self._retired.add(runner)
+        self._start_runner()
+
+    @property
+    def retired(self) -> int:
+        """Runner threads written off and still running their job."""
+        with self._lock:
+            return len(self._retired)
+
+    def stop(self) -> None:
+        """Tell idle runners to exit (busy ones exit after their job; they are daemons)."""
+        with self._lock:
+            n = len(self._threads)
+        for _ in range(n):
+            self._work.put(None)
+
+    # -- the runner thread -------------------------------------------------------------------------
+
+    def _start_runner(self) -> None:
+        with self._lock:
+            number = self._next
+            self._next += 1
+            t = threading.Thread(
+                target=self._run, args=(number,), name=f"worker-run-{number}", daemon=True
+            )
+            self._threads[number] = t
+        t.start()
+
+    def _run(self, number: int) -> None:
+        loop: asyncio.AbstractEventLoop | None = None
+        try:
+            while True:
+                job = self._work.get()
+                if job is None:
+                    return
+                if job.lost:  # rescued before it started: another worker has it now
+                    self._events.put(Outcome(job.token, ok=False, error="lost", runner=number))
+                    continue
+                job.runner = number
+                # A token on the queue says "a runner started it": the main thread's deadline
+                # starts then, not at claim time (a job may wait for a free runner).
+                self._events.put(("started", job.token, number, time.monotonic()))
+                if job.definition.is_async and loop is None:
+                    loop = asyncio.new_event_loop()
+                outcome = self._execute(job, loop)
+                outcome.runner = number
+                self._events.put(outcome)
+                with self._lock:
+                    if number in self._retired:
+                        self._retired.discard(number)
+                        return  # replaced while it ran: the replacement serves the queue
+        finally:
+            with self._lock:
+                self._threads.pop(number, None)
+            if loop is not None:
+                loop.close()
+
+    def _execute(self, job: Job, loop: asyncio.AbstractEventLoop | None) -> Outcome:
+        d = job.definition
+        payload = job.claimed.payload
+        start = time.perf_counter()
+        outcome = Outcome(job.token, ok=True)
+        try:
+            if d.transactional:
+                self._transactional(job)
+                outcome.acked = True
+            elif d.is_async:
+                assert loop is not None
+                coro = d.fn(payload, self._context(job)) if d.wants_context else d.fn(payload)
+                if d.timeout:
+                    coro = asyncio.wait_for(coro, d.timeout)
+                loop.run_until_complete(coro)
+            elif d.wants_context:
+                d.fn(payload, self._context(job))
+            else:
+                d.fn(payload)
+        except DoNotRetry as exc:
+            outcome.ok, outcome.permanent, outcome.error = False, True, format_error(exc)
+        except TimeoutError as exc:
+            outcome.ok = False
+            outcome.error = (
+                f"TimeoutError: handler ran longer than its timeout of {d.timeout:g}s"
+                if d.is_async and d.timeout
+                else format_error(exc)
+            )
+        except BaseException as exc:  # a handler's SystemExit must not kill the worker
+            outcome.ok, outcome.error = False, format_error(exc)
+        outcome.duration = time.perf_counter() - start
+        return outcome
+
+
+__all__ = ["Executor"]

@@ -1,0 +1,178 @@
+"""Maintenance apart from the claim loop: rescue, retention, cron and forgetting dead workers.
+
+One thread per worker process, with its own connection, so that a slow purge of a table with a
+million retained failures, or a cron tick, never delays a claim or a lease renewal. Every worker
+process runs it; none is a leader: each statement takes its rows with SKIP LOCKED, so concurrent
+maintainers share the work instead of waiting on each other.
+
+Each service has an interval and a first run spread at random over that interval, so a fleet that
+starts together does not run them in step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+
+from . import _transitions as tr
+from ._cron import Ticker
+from ._sql import Queries
+
+log = logging.getLogger("worker")
+
+# Runs a transaction whose events the worker's hooks hear (see Worker.counted).
+Counted = Callable[[psycopg.Connection], contextlib.AbstractContextManager[None]]
+
+
+@dataclass
+class MaintenanceConfig:
+    rescue_seconds: float
+    purge_seconds: float
+    keep_done_seconds: float
+    keep_failed_seconds: float
+    cron_keep_seconds: float
+    rescue_batch: int = 1000
+    purge_batch: int = 5000
+    purge_rounds: int = 20  # batches per purge pass; a backlog is worked off over several passes
+    forget_workers_after: float = 86400.0
+
+
+class Maintenance:
+    def __init__(
+        self,
+        dsn: str,
+        q: Queries,
+        config: MaintenanceConfig,
+        *,
+        counted: Counted,
+        on_rescued: Callable[[list[tuple[int, str, str, str]]], None],
+        on_cron: Callable[[int], None],
+        cron: Ticker | None,
+        prepare: bool = True,
+    ) -> None:
+        self.dsn = dsn
+        self.q = q
+        self.config = config
+        self._counted = counted
+        self._on_rescued = on_rescued
+        self._on_cron = on_cron
+        self._cron = cron
+        self._prepare = prepare
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="worker-maintenance", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._close()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        due = {
+            "rescue": now + random.uniform(0, cfg.rescue_seconds),
+            "purge": now + random.uniform(0, cfg.purge_seconds),
+            "cron": now,
+        }
+        backoff = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= due["rescue"]:
+                    self.rescue()
+                    due["rescue"] = now + cfg.rescue_seconds * random.uniform(0.8, 1.2)
+                if self._cron is not None and now >= due["cron"]:
+                    with self._connection() as conn:
+                        n = self._cron.tick(conn)
+                    if n:
+                        self._on_cron(n)
+                    due["cron"] = now + self._cron.interval
+                if now >= due["purge"]:
+                    self.purge()
+                    due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
+                backoff = 0.0
+            except psycopg.Error as exc:
+                self._close()
+                backoff = min(max(backoff * 2, 0.5), 5.0)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.warning("maintenance failed (%s); retrying in %.1fs", first, backoff)
+                self._stop.wait(backoff)
+                continue
+            wake = min(due.values()) if self._cron is not None else min(due["rescue"], due["purge"])
+            self._stop.wait(min(max(wake - time.monotonic(), 0.01), 1.0))
+
+    # -- the services ------------------------------------------------------------------------------
+
+    def rescue(self) -> int:
+        """Rows whose lease ran out go back to queued (or failed when out of attempts)."""
+        total = 0
+        with self._connection() as conn:
+            while True:
+                with self._counted(conn):
+                    rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch)
+                    if rows:
+                        self._on_rescued(rows)
+                if rows:
+                    log.warning("rescued %d task(s) whose lease expired", len(rows))
+                total += len(rows)
+                if len(rows) < self.config.rescue_batch or self._stop.is_set():
+                    return total
+
+    def purge(self) -> int:
+        cfg = self.config
+        if cfg.keep_done_seconds < 0:
+            return 0
+        total = 0
+        with self._connection() as conn:
+            for _ in range(cfg.purge_rounds):
+                n = tr.purge(
+                    conn,
+                    self.q,
+                    done_seconds=cfg.keep_done_seconds,
+                    failed_seconds=cfg.keep_failed_seconds,
+                    cron_keep_seconds=cfg.cron_keep_seconds,
+                    limit=cfg.purge_batch,
+                )
+                total += n
+                if n < cfg.purge_batch or self._stop.is_set():
+                    break
+            conn.execute(self.q["forget_stale"], {"older_than_seconds": cfg.forget_workers_after})
+        return total
+
+    # -- the connection ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=5,
+                prepare_threshold=5 if self._prepare else None,
+                application_name="worker-maintenance",
+            )
+        yield self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+__all__ = ["Maintenance", "MaintenanceConfig"]
