@@ -17,7 +17,7 @@ import pytest
 from conftest import run_cli, spawn_cli, wait_until
 
 import worker
-from worker import _cron, _hooks
+from worker import _cron, _hooks, _schedule
 from worker._errors import ConfigError
 
 
@@ -128,13 +128,13 @@ def test_decorator_registers_the_task_and_the_schedule() -> None:
 
 
 def test_make_ticker_is_none_without_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_cron, "schedules", _cron.ScheduleSet())
+    monkeypatch.setattr(_cron, "schedules", _schedule.ScheduleSet())
     assert _cron.make_ticker("worker") is None
-    _cron.schedules.add(_cron.make_schedule("s", "* * * * * *"))
+    _cron.schedules.add(_schedule.make_schedule("s", "* * * * * *"))
     ticker = _cron.make_ticker("worker")
     assert ticker is not None and ticker.interval < 1.0  # a seconds field ticks faster
     _cron.schedules.clear()
-    _cron.schedules.add(_cron.make_schedule("m", "*/5 * * * *"))
+    _cron.schedules.add(_schedule.make_schedule("m", "*/5 * * * *"))
     ticker = _cron.make_ticker("worker")
     assert ticker is not None and ticker.interval == 1.0
 
@@ -161,7 +161,7 @@ def test_missed_slot_runs_once_after_downtime_by_default(
 ) -> None:
     expr, slot = _daily_slot_hours_ago(3)
     _seed_last_slot(conn, schema, "daily", slot - timedelta(days=3))  # down for three days
-    s = _cron.make_schedule("daily", expr)
+    s = _schedule.make_schedule("daily", expr)
     assert s.catch_up == "once"
     ticker = _cron.Ticker(schema, [s])
     assert ticker.tick(conn) == 1
@@ -179,7 +179,7 @@ def test_missed_slot_runs_once_after_downtime_by_default(
 def test_missed_slots_are_skipped_when_asked(conn: psycopg.Connection, schema: str) -> None:
     expr, slot = _daily_slot_hours_ago(3)
     _seed_last_slot(conn, schema, "daily", slot - timedelta(days=3))
-    ticker = _cron.Ticker(schema, [_cron.make_schedule("daily", expr, catch_up="skip")])
+    ticker = _cron.Ticker(schema, [_schedule.make_schedule("daily", expr, catch_up="skip")])
     assert ticker.tick(conn) == 0
     assert ticker.tick(conn) == 0
     assert _rows(conn, schema) == []
@@ -192,13 +192,13 @@ def test_never_enqueues_a_slot_older_than_the_retention_horizon(
     already: enqueueing it again would run it twice, so the ticker never offers it."""
     expr, slot = _daily_slot_hours_ago(3)
     _seed_last_slot(conn, schema, "daily", slot - timedelta(days=3))
-    ticker = _cron.Ticker(schema, [_cron.make_schedule("daily", expr)], horizon_seconds=3600)
+    ticker = _cron.Ticker(schema, [_schedule.make_schedule("daily", expr)], horizon_seconds=3600)
     assert ticker.tick(conn) == 0
     assert _rows(conn, schema) == []
     # Even a clock-skewed process that offers an old slot directly gets nothing inserted.
     late = _cron.Ticker(
         schema,
-        [_cron.make_schedule("daily", expr)],
+        [_schedule.make_schedule("daily", expr)],
         horizon_seconds=3600,
         clock=lambda: slot + timedelta(seconds=1),
     )
@@ -214,13 +214,13 @@ def test_a_purged_slot_is_not_enqueued_again_by_a_late_process(
 ) -> None:
     """Once a slot ran and its row was purged, a process that arrives late for it (stalled, or
     with a retention longer than the purge's) finds it at or before the recorded last slot."""
-    ticker = _cron.Ticker(schema, [_cron.make_schedule("fast", "* * * * * *")])
+    ticker = _cron.Ticker(schema, [_schedule.make_schedule("fast", "* * * * * *")])
     wait_until(lambda: ticker.tick(conn), timeout=5)
     (slot,) = [r[1] for r in _rows(conn, schema)][-1:]
     conn.execute(f"DELETE FROM {schema}.tasks")  # the purge did its job
     late = _cron.Ticker(
         schema,
-        [_cron.make_schedule("fast", "* * * * * *")],
+        [_schedule.make_schedule("fast", "* * * * * *")],
         clock=lambda: slot + timedelta(milliseconds=500),
     )
     late._registered = True
@@ -232,7 +232,7 @@ def test_a_purged_slot_is_not_enqueued_again_by_a_late_process(
 
 def test_a_new_schedule_does_not_run_its_past_slots(conn: psycopg.Connection, schema: str) -> None:
     expr, _ = _daily_slot_hours_ago(3)
-    ticker = _cron.Ticker(schema, [_cron.make_schedule("fresh", expr)])
+    ticker = _cron.Ticker(schema, [_schedule.make_schedule("fresh", expr)])
     assert ticker.tick(conn) == 0
     assert _rows(conn, schema) == []
 
@@ -244,12 +244,12 @@ def test_processes_with_skewed_clocks_enqueue_on_time_by_the_database_clock(
     the database clock, so none is enqueued early, none is missed, none is enqueued twice."""
     ahead = _cron.Ticker(
         schema,
-        [_cron.make_schedule("fast", "* * * * * *", catch_up="skip")],
+        [_schedule.make_schedule("fast", "* * * * * *", catch_up="skip")],
         clock=lambda: datetime.now(UTC) + timedelta(minutes=5),
     )
     behind = _cron.Ticker(
         schema,
-        [_cron.make_schedule("fast", "* * * * * *", catch_up="skip")],
+        [_schedule.make_schedule("fast", "* * * * * *", catch_up="skip")],
         clock=lambda: datetime.now(UTC) - timedelta(minutes=5),
     )
     deadline = time.monotonic() + 3.5
@@ -279,7 +279,7 @@ def test_per_second_ticker_enqueues_each_slot_and_emits_events(
     _hooks.subscribe(listener)
     try:
         tickers = [
-            _cron.Ticker(schema, [_cron.make_schedule("fast", "* * * * * *", payload={"n": 1})])
+            _cron.Ticker(schema, [_schedule.make_schedule("fast", "* * * * * *", payload={"n": 1})])
             for _ in range(3)
         ]
         won = 0
@@ -304,7 +304,7 @@ def test_per_second_ticker_enqueues_each_slot_and_emits_events(
 
 def test_tick_survives_a_statement_error(conn: psycopg.Connection, schema: str) -> None:
     """Anything but a lost connection is logged and the worker's loop goes on."""
-    ticker = _cron.Ticker(schema, [_cron.make_schedule("fast", "* * * * * *")])
+    ticker = _cron.Ticker(schema, [_schedule.make_schedule("fast", "* * * * * *")])
     conn.execute(f"ALTER TABLE {schema}.cron_schedules RENAME TO cron_schedules_gone")
     assert ticker.tick(conn) == 0
 
@@ -325,7 +325,7 @@ def test_cron_cli_lists_module_and_database_schedules(
     r = run_cli("cron", "--dsn", pg_dsn, "--schema", schema)
     assert r.returncode == 0 and "no cron schedules" in r.stdout
     # After a ticker ran, the database alone can list it with its last run.
-    ticker = _cron.Ticker(schema, [_cron.make_schedule("fast", "* * * * * *", task="record")])
+    ticker = _cron.Ticker(schema, [_schedule.make_schedule("fast", "* * * * * *", task="record")])
     wait_until(lambda: ticker.tick(conn), timeout=5)
     r = run_cli("cron", "--dsn", pg_dsn, "--schema", schema, "--json")
     assert r.returncode == 0, r.stderr

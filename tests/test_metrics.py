@@ -435,7 +435,8 @@ def test_supervisor_aggregates_children_and_keeps_counts_of_a_killed_one(
         f" sum(attempts) FROM {schema}.tasks WHERE queue = 'default'"
     ).fetchone()
     rescued_rows = conn.execute(
-        f"SELECT count(*) FROM {schema}.tasks WHERE last_error LIKE 'LeaseExpired%%'"
+        f"SELECT count(*) FROM {schema}.tasks"
+        " WHERE last_error LIKE 'LeaseExpired%%' OR last_error LIKE 'WorkerDied%%'"
     ).fetchone()[0]
 
     def agrees() -> dict | None:

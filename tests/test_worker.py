@@ -166,15 +166,19 @@ def test_unknown_task_name_is_retried_then_failed_with_a_clear_error(
     assert "no handler named 'no_such_task'" in error and "known" in error
 
 
-def test_handler_past_its_timeout_is_abandoned_and_retried(
+def test_handler_past_its_timeout_keeps_its_row_until_it_returns_then_is_retried(
     conn: psycopg.Connection, schema: str, thread_worker
 ) -> None:
+    """An async handler is cancelled at its timeout and retried. A sync handler cannot be
+    stopped: its row stays in_progress and leased while its thread still runs (no worker may
+    start it again), and once it returns the attempt is recorded as timed out and retried."""
     release = threading.Event()
     reg = worker.Registry()
 
     @reg.task("hangs", timeout=0.3, retry_backoff=0)
-    def hangs(payload: dict) -> None:
-        release.wait(10)
+    def hangs(payload: dict, ctx: worker.Context) -> None:
+        if ctx.attempt == 1:
+            release.wait(30)
 
     @reg.task("async_hangs", timeout=0.3, retry_backoff=0)
     async def async_hangs(payload: dict) -> None:
@@ -183,14 +187,22 @@ def test_handler_past_its_timeout_is_abandoned_and_retried(
     a = worker.enqueue(conn, "hangs", {}, max_attempts=2, schema=schema)
     b = worker.enqueue(conn, "async_hangs", {}, max_attempts=2, schema=schema)
     try:
-        with thread_worker(reg, concurrency=4):
-            wait_until(lambda: states(conn, schema) == {"failed": 2}, timeout=20)
+        with thread_worker(reg, concurrency=4, lease_seconds=1.0):
+            wait_until(lambda: _row(conn, schema, b)["state"] == "failed", timeout=20)
+            time.sleep(1.5)  # a is well past its timeout, and past its first lease
+            row = _row(conn, schema, a)
+            assert (row["state"], row["attempts"]) == ("in_progress", 1)
+            release.set()
+            wait_until(lambda: _row(conn, schema, a)["state"] == "done", timeout=20)
     finally:
         release.set()
-    for task_id in (a, b):
-        row = _row(conn, schema, task_id)
-        assert row["attempts"] == 2
-        assert "TimeoutError" in row["error"] and "0.3s" in row["error"]
+    row = _row(conn, schema, a)
+    assert row["attempts"] == 2
+    assert row["error"].startswith("TimeoutError: handler ran"), row["error"]
+    assert "past its timeout of 0.3s" in row["error"]
+    row = _row(conn, schema, b)
+    assert row["attempts"] == 2
+    assert "TimeoutError" in row["error"] and "0.3s" in row["error"]
 
 
 def test_handler_exceptions_never_kill_the_worker(

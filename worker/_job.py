@@ -16,6 +16,7 @@ handed back, or lost, so a graceful stop knows exactly what it still holds.
 from __future__ import annotations
 
 import enum
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -72,6 +73,154 @@ class Job:
         return self.claimed.attempt
 
 
+class Pending:
+    """Finished jobs waiting to be acknowledged together."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.since = 0.0  # when the oldest waiting outcome arrived
+
+    def add(self, job: Job) -> None:
+        if not self.jobs:
+            self.since = time.monotonic()
+        self.jobs.append(job)
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+class JobTable:
+    """Every job a worker process holds, and the only place their states change.
+
+    Owned by the main thread; the lease thread reads ``leased()`` (a copy, taken atomically under
+    the GIL). A job is in the table from its claim until its row is acknowledged, handed back or
+    found lost, so "what does this process still hold?" always has one answer.
+    """
+
+    def __init__(self, overdue_margin: float) -> None:
+        self.jobs: dict[int, Job] = {}  # token -> job
+        self._by_id: dict[int, Job] = {}  # task id -> job
+        self._tokens = 0
+        self._margin = overdue_margin
+        self.pending = Pending()
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, claimed: Claimed, definition: TaskDef, now: float) -> Job:
+        self._tokens += 1
+        job = Job(self._tokens, claimed, definition, now, None)
+        self.jobs[job.token] = job
+        self._by_id[claimed.id] = job
+        return job
+
+    def started(self, token: int, runner: int, at: float) -> None:
+        """claimed -> running; the timeout counts from here, not from the claim."""
+        job = self.jobs.get(token)
+        if job is None or job.state is not State.CLAIMED:
+            return
+        job.state = State.RUNNING
+        job.runner = runner
+        timeout = job.definition.timeout
+        job.deadline = at + timeout + self._margin if timeout else None
+
+    def finish(self, outcome: Outcome) -> Job | None:
+        """An outcome arrived: the job becomes finished (pending acknowledgement), or leaves the
+        table when it acknowledged itself (transactional) or was lost meanwhile (check
+        ``job.lost``). None when the job is not in the table."""
+        job = self.jobs.get(outcome.token)
+        if job is None:
+            return None
+        job.outcome = outcome
+        if job.lost:
+            self.forget(job)
+            return job
+        if job.state is State.OVERDUE and not outcome.acked:
+            # The attempt is recorded as timed out, whatever the handler came back with.
+            outcome.ok, outcome.permanent = False, False
+            outcome.error = (
+                f"TimeoutError: handler ran {outcome.duration:.1f}s, past its timeout of "
+                f"{job.definition.timeout:g}s"
+            )
+        if outcome.acked:
+            self.forget(job)
+        else:
+            job.state = State.FINISHED
+            self.pending.add(job)
+        return job
+
+    def lose(self, task_id: int) -> Job | None:
+        """The lease keeper found the row is not ours; returns the job if this is news."""
+        job = self._by_id.get(task_id)
+        if job is None or job.lost or job.state is State.ACKING:
+            return None  # acknowledged meanwhile: the row is not ours because we finished it
+        job.lost = True
+        if job.state is State.FINISHED:
+            self.pending.jobs.remove(job)
+            self.forget(job)
+        return job
+
+    def forget(self, job: Job) -> None:
+        self.jobs.pop(job.token, None)
+        if self._by_id.get(job.id) is job:
+            del self._by_id[job.id]
+
+    def overdue(self, now: float) -> list[Job]:
+        """running -> overdue for handlers past their timeout (plus the margin)."""
+        late = []
+        for job in list(self.jobs.values()):
+            if job.state is State.RUNNING and job.deadline is not None and now > job.deadline:
+                job.state = State.OVERDUE
+                late.append(job)
+        return late
+
+    def take_pending(self) -> list[Job]:
+        """finished -> acking, for the next acknowledging transaction."""
+        jobs, self.pending = self.pending.jobs, Pending()
+        for job in jobs:
+            job.state = State.ACKING
+        return jobs
+
+    def unack(self, jobs: list[Job]) -> None:
+        """The acknowledging transaction failed: acking -> finished, pending again."""
+        for job in jobs:
+            if job.state is State.ACKING:
+                job.state = State.FINISHED
+                self.pending.add(job)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def leased(self) -> list[tuple[int, int]]:
+        """(id, attempt) of the rows to renew; called from the lease thread."""
+        return [(j.id, j.attempt) for j in list(self.jobs.values()) if j.state in LEASED]
+
+    def active(self) -> int:
+        """Jobs that hold a slot: claimed, or running on a runner that was not written off."""
+        return sum(1 for j in self.jobs.values() if j.state in (State.CLAIMED, State.RUNNING))
+
+    def unfinished(self) -> int:
+        """Jobs whose handler has not come back yet (a graceful stop waits for these)."""
+        return sum(1 for j in self.jobs.values() if not j.lost and j.state in _UNFINISHED)
+
+    def next_deadline(self) -> float | None:
+        times = [j.deadline for j in self.jobs.values() if j.deadline and j.state is State.RUNNING]
+        return min(times) if times else None
+
+    def to_hand_back(self) -> list[tuple[int, int]]:
+        """Rows a stop gives back: claimed or running; overdue ones keep their lease."""
+        return [
+            (j.id, j.attempt)
+            for j in self.jobs.values()
+            if not j.lost and j.state in (State.CLAIMED, State.RUNNING)
+        ]
+
+
+_UNFINISHED = frozenset({State.CLAIMED, State.RUNNING, State.OVERDUE})
+
+
 def format_error(exc: BaseException, *, frames: int = 5) -> str:
     """``Type: message`` then the last few traceback frames: enough to find the line, bounded."""
     head = f"{type(exc).__name__}: {exc}"
@@ -89,4 +238,4 @@ def clean_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text
 
 
-__all__ = ["LEASED", "Job", "Outcome", "State", "clean_text", "format_error"]
+__all__ = ["LEASED", "Job", "JobTable", "Outcome", "Pending", "State", "clean_text", "format_error"]

@@ -111,6 +111,8 @@ class Supervisor:
         self._signals = 0
         self._dir = Path(tempfile.mkdtemp(prefix="worker-liveness-"))
         self.on_child_exit: Callable[[int], None] | None = None
+        # Rows of a dead child handed back at once: (id, queue, task, new state) each.
+        self.on_handed_back: Callable[[list[tuple[int, str, str, str]]], None] | None = None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals += 1
@@ -180,6 +182,7 @@ class Supervisor:
                     self._spawn(child)
                 continue
             code = proc.poll()
+            stuck = False
             if code == 0 and self.burst:
                 continue  # a burst child that found nothing more to do is finished
             if code is None:
@@ -199,11 +202,12 @@ class Supervisor:
                     proc.kill()
                     proc.wait()
                     code = -signal.SIGKILL
+                    stuck = True
                 else:
                     continue
             child.proc = None
             if code != 0:
-                self._hand_back(child, proc.pid, code)
+                self._hand_back(child, proc.pid, code, stuck=stuck)
             if self.on_child_exit is not None:
                 self.on_child_exit(proc.pid)  # metrics: its live gauges go, its counts stay
             if self._got_going(child):
@@ -234,18 +238,38 @@ class Supervisor:
             )
         return True
 
-    def _hand_back(self, child: _Child, pid: int, code: int) -> None:
+    def _hand_back(self, child: _Child, pid: int, code: int, *, stuck: bool = False) -> None:
         """A child died: put its running rows back now, with an error that says so, instead of
         leaving them to lapse (see tr.worker_died). In the background: it may wait for the
         database, and the rows' leases are the fallback anyway."""
         if not self.dsn or not child.worker_id:
             return
-        error = (
-            f"WorkerDied: worker process {pid} ({describe_exit(code)}) died while running this "
-            f"task (worker {child.worker_id})"
+        how = (
+            f"stopped responding for {self.stuck_seconds:g}s and was killed by its supervisor"
+            if stuck
+            else f"died ({describe_exit(code)})"
         )
+        error = f"WorkerDied: worker process {pid} (worker {child.worker_id}) {how}"
         args = (self.dsn, self.schema, child.worker_id, error)
-        threading.Thread(target=_worker_died, args=args, name="worker-died", daemon=True).start()
+        threading.Thread(
+            target=self._worker_died, args=args, name="worker-died", daemon=True
+        ).start()
+
+    def _worker_died(self, dsn: str, schema: str, worker_id: str, error: str) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                rows = tr.worker_died(conn, queries(schema), worker_id=worker_id, error=error)
+        except psycopg.Error as exc:
+            log.warning(
+                "could not hand back a dead worker's tasks (%s); their leases will lapse", exc
+            )
+            return
+        if rows and self.on_handed_back is not None:
+            self.on_handed_back(rows)  # metrics: they count as rescued (or failed)
+        if rows:
+            tasks = ", ".join(f"{r[0]} ({r[2][:100]})" for r in rows[:20])
+            more = f" and {len(rows) - 20} more" if len(rows) > 20 else ""
+            log.warning("%s; handed back its task(s) %s%s", error, tasks, more)
 
     def _got_going(self, child: _Child) -> bool:
         """Whether the child touched its liveness file since it was started (its loop ran)."""
@@ -305,16 +329,3 @@ def child_command(argv: list[str]) -> list[str]:
         elif not arg.startswith("--dsn="):
             kept.append(arg)
     return [sys.executable, "-m", "worker", *kept, "--processes", "1", "--child"]
-
-
-def _worker_died(dsn: str, schema: str, worker_id: str, error: str) -> None:
-    try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            rows = tr.worker_died(conn, queries(schema), worker_id=worker_id, error=error)
-    except psycopg.Error as exc:
-        log.warning("could not hand back a dead worker's tasks (%s); their leases will lapse", exc)
-        return
-    if rows:
-        tasks = ", ".join(f"{r[0]} ({r[2][:100]})" for r in rows[:20])
-        more = f" and {len(rows) - 20} more" if len(rows) > 20 else ""
-        log.warning("%s; handed back its task(s) %s%s", error, tasks, more)

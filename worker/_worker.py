@@ -10,6 +10,10 @@ Four kinds of thread, each with one job and its own connection, so none can dela
 
 Each job is a small state machine (``_job``). A graceful stop acknowledges finished jobs as they
 arrive, keeps renewing the running ones through the grace period, then hands back the rest.
+
+Over 500 lines on purpose: the loop, its batches and its stop are one piece because they are the
+only code that moves jobs between states (the rule that keeps the other threads lock-free); what
+could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings.
 """
 
 from __future__ import annotations
@@ -22,25 +26,25 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from . import _transitions as tr
-from ._backoff import retry_delay
+from ._batch import Batcher, QueueClaim, log_acknowledged
 from ._cron import make_ticker
 from ._errors import LostLease
 from ._executor import Executor
 from ._hooks import Hooks
-from ._job import LEASED, Job, Outcome, State, format_error
+from ._job import Job, JobTable, Outcome, State, format_error
 from ._lease import LeaseKeeper
+from ._listener import Listener
 from ._maintenance import Maintenance, MaintenanceConfig
 from ._migrate import require_schema
-from ._registry import DEFAULT_BACKOFF, DEFAULT_QUEUE, Context, Registry, TaskDef, registry
+from ._registry import DEFAULT_QUEUE, Context, Registry, TaskDef, registry
+from ._settings import WorkerConfig
 from ._sql import notify_channel, queries
 from ._supervisor import LIVENESS_ENV, WORKER_ID_ENV
 
@@ -53,60 +57,6 @@ _MAX_ACK_DELAY = 0.02
 _OVERDUE_MARGIN = 0.25
 # Longest the main loop waits between two reconnection attempts after a database error.
 _MAX_BACKOFF = 1.0
-
-
-@dataclass
-class WorkerConfig:
-    """Everything a worker process needs; the CLI fills it from flags and the environment."""
-
-    dsn: str
-    schema: str = "worker"
-    queues: list[str] | None = None  # None: the queues of the registered tasks, plus "default"
-    concurrency: int = 10
-    batch_size: int = 100
-    lease_seconds: float = 30.0
-    poll_interval: float = 1.0
-    grace_seconds: float = 30.0
-    listen: bool = True
-    listen_dsn: str | None = None  # a direct connection for LISTEN when dsn goes through PgBouncer
-    keep_done_seconds: float = 3600.0  # 0: delete rows as they complete
-    keep_failed_seconds: float = 7 * 86400.0
-    cron_keep_seconds: float = 86400.0
-    purge_interval: float = 60.0
-    cursor_reset_seconds: float = 1.0
-    max_abandoned: int | None = None  # stuck handler threads tolerated before the process gives up
-    check_schema: bool = True
-    # Behind PgBouncer in transaction mode, server-side prepared statements break: turn them off.
-    prepare: bool = True
-    burst: bool = False  # stop once nothing is due and nothing is in flight
-    worker_id: str | None = None  # default: $WORKER_ID (set by a supervisor), else a new uuid
-
-    @property
-    def heartbeat_seconds(self) -> float:
-        return max(self.lease_seconds / 3, 0.05)
-
-    @property
-    def rescue_seconds(self) -> float:
-        return max(self.lease_seconds / 4, 0.1)
-
-
-@dataclass
-class _Pending:
-    """Finished jobs waiting to be acknowledged together."""
-
-    jobs: list[Job] = field(default_factory=list)
-    since: float = 0.0  # when the oldest waiting outcome arrived
-
-    def add(self, job: Job) -> None:
-        if not self.jobs:
-            self.since = time.monotonic()
-        self.jobs.append(job)
-
-    def __bool__(self) -> bool:
-        return bool(self.jobs)
-
-    def __len__(self) -> int:
-        return len(self.jobs)
 
 
 class Worker:
@@ -133,13 +83,18 @@ class Worker:
         self._stop = threading.Event()
         self._stop_now = threading.Event()
         self._events: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
-        self.jobs: dict[int, Job] = {}  # token -> job, every job this process holds
-        self._by_id: dict[int, Job] = {}  # task id -> job
-        self._tokens = 0
-        self._pending = _Pending()
-        self._cursor = tr.ClaimCursor(config.cursor_reset_seconds)
+        self.table = JobTable(_OVERDUE_MARGIN)  # every job this process holds
+        self.batcher = Batcher(
+            self.q,
+            self.id,
+            queues=self.queues,
+            batch_size=config.batch_size,
+            lease_seconds=config.lease_seconds,
+            delete_done=config.keep_done_seconds <= 0,
+            max_attempts=self._max_attempts,
+            cursor_reset_seconds=config.cursor_reset_seconds,
+        )
         self._last_claim = 0.0
-        self._queue_turn = 0
         self._conn: psycopg.Connection | None = None
         self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
         self.exit_code = 0
@@ -159,7 +114,7 @@ class Worker:
             worker_id=self.id,
             lease_seconds=config.lease_seconds,
             interval=config.heartbeat_seconds,
-            leased=self._leased,
+            leased=self.table.leased,
             on_lost=lambda ids: self._events.put(("lost", ids)),
             prepare=config.prepare,
         )
@@ -174,7 +129,7 @@ class Worker:
                 cron_keep_seconds=config.cron_keep_seconds,
             ),
             counted=self.counted,
-            on_rescued=lambda rows: self.hooks.rescued(self, rows),
+            on_rescued=self._rescued,
             on_cron=self._cron_enqueued,
             # Never offer a slot older than cron rows are kept: a purged slot could run again.
             cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
@@ -226,11 +181,14 @@ class Worker:
                     "concurrency": cfg.concurrency,
                 },
             )
-            for service in (self.executor, self.lease, self.maintenance):
+            services: list[Any] = [self.executor, self.lease, self.maintenance]
+            if cfg.listen:
+                channel = notify_channel(cfg.schema)
+                wake = lambda: self._events.put(_WAKE)  # noqa: E731
+                services.append(Listener(cfg.listen_dsn or cfg.dsn, channel, wake))
+            for service in services:
                 service.start()
                 started.append(service)
-            if cfg.listen:
-                threading.Thread(target=self._listen, name="worker-listen", daemon=True).start()
             log.info(
                 "worker %s started: queues=%s concurrency=%d batch=%d",
                 self.id[:8],
@@ -263,12 +221,12 @@ class Worker:
                 now = time.monotonic()
                 self._check_deadlines(now)
                 ready = self._ready_to_claim() and not self._stop.is_set()
-                pending = self._pending
+                pending = self.table.pending
                 if (
                     pending
                     and not ready
                     and (
-                        not self._active()
+                        not self.table.active()
                         or len(pending) >= cfg.batch_size
                         or now - pending.since >= _MAX_ACK_DELAY
                     )
@@ -279,9 +237,8 @@ class Worker:
                     claimed, more = self._claim()
                     if woken and claimed == 0:
                         # A NOTIFY may announce rows behind our cursor (a higher priority, say).
-                        for q in self.queues:
-                            self._cursor.reset(q, now)
-                    if cfg.burst and claimed == 0 and not self.jobs:
+                        self.batcher.reset_cursors(now)
+                    if cfg.burst and claimed == 0 and not self.table:
                         break
                 self._touch(now)
                 backoff = 0.0
@@ -306,15 +263,11 @@ class Worker:
                 os.utime(self._liveness)
             self._touched = now
 
-    def _active(self) -> int:
-        """Jobs that hold a slot: claimed or running on a runner that was not written off."""
-        return sum(1 for j in self.jobs.values() if j.state in (State.CLAIMED, State.RUNNING))
-
     def _ready_to_claim(self) -> bool:
         """Claim when at least half a batch of slots is free, so claims stay large when tasks
         are short, or when nothing at all is running, or when free slots have waited a poll
         interval: long tasks free slots one at a time and may not free more for hours."""
-        active = self._active()
+        active = self.table.active()
         free = self.config.concurrency - active
         want = min(self.config.batch_size, self.config.concurrency)
         if free <= 0:
@@ -327,13 +280,12 @@ class Worker:
         """Sleep until an outcome, a NOTIFY, the ack delay, a deadline or the poll interval."""
         now = time.monotonic()
         wait = self.config.poll_interval
-        if self._pending:
-            wait = min(wait, max(self._pending.since + _MAX_ACK_DELAY - now, 0.0))
-        deadlines = [
-            j.deadline for j in self.jobs.values() if j.deadline and j.state is State.RUNNING
-        ]
-        if deadlines:
-            wait = min(wait, max(min(deadlines) - now, 0.0) + 0.01)
+        pending = self.table.pending
+        if pending:
+            wait = min(wait, max(pending.since + _MAX_ACK_DELAY - now, 0.0))
+        deadline = self.table.next_deadline()
+        if deadline is not None:
+            wait = min(wait, max(deadline - now, 0.0) + 0.01)
         return max(wait, 0.001)
 
     def _collect(self, *, block: bool, timeout: float) -> bool:
@@ -349,7 +301,7 @@ class Worker:
             elif isinstance(item, Outcome):
                 self._record(item)
             elif item[0] == "started":
-                self._started(*item[1:])
+                self.table.started(*item[1:])
             elif item[0] == "lost":
                 self._lost(item[1])
             try:
@@ -357,57 +309,32 @@ class Worker:
             except queue_mod.Empty:
                 return woken
 
-    def _started(self, token: int, runner: int, at: float) -> None:
-        job = self.jobs.get(token)
-        if job is None or job.state is not State.CLAIMED:
-            return
-        job.state = State.RUNNING
-        job.runner = runner
-        timeout = job.definition.timeout
-        job.deadline = at + timeout + _OVERDUE_MARGIN if timeout else None
-
     def _record(self, outcome: Outcome) -> None:
-        job = self.jobs.get(outcome.token)
+        before = self.table.jobs.get(outcome.token)
+        overdue = before is not None and before.state is State.OVERDUE
+        job = self.table.finish(outcome)
         if job is None:
             return
         c = job.claimed
         if job.lost:
-            self._forget(job)
             log.warning(
                 "task %d (%s) finished after its lease was lost; result discarded", c.id, c.task
             )
             return
-        overdue = job.state is State.OVERDUE
         if overdue:
             log.warning(
-                "task %d (%s): its handler came back %.1fs after it was written off",
-                c.id,
-                c.task,
-                time.monotonic() - (job.deadline or time.monotonic()),
+                "task %d (%s): its handler came back after it was written off", c.id, c.task
             )
-            if not outcome.acked:
-                # The attempt is recorded as timed out, whatever the handler came back with.
-                outcome.ok, outcome.permanent = False, False
-                outcome.error = (
-                    f"TimeoutError: handler ran {outcome.duration:.1f}s, past its timeout of "
-                    f"{job.definition.timeout:g}s"
-                )
         self.hooks.finished(self, job.definition, c, outcome.ok, outcome.duration)
         if outcome.acked:
-            self._forget(job)
             self.hooks.acked(self, "done", [c.id])
             self.done_count += 1
-            return
-        job.outcome = outcome
-        job.state = State.FINISHED
-        self._pending.add(job)
 
     def _lost(self, ids: list[int]) -> None:
         for task_id in ids:
-            job = self._by_id.get(task_id)
-            if job is None or job.lost or job.state is State.ACKING:
-                continue  # acknowledged meanwhile: the row is not ours because we finished it
-            job.lost = True
+            job = self.table.lose(task_id)
+            if job is None:
+                continue
             log.warning(
                 "lost task %d (%s): its lease expired and it was rescued; "
                 "this worker will not complete it",
@@ -415,25 +342,10 @@ class Worker:
                 job.claimed.task,
             )
             self.hooks.lost(self, job.claimed)
-            if job.state is State.FINISHED:
-                self._pending.jobs.remove(job)
-                self._forget(job)
-
-    def _forget(self, job: Job) -> None:
-        self.jobs.pop(job.token, None)
-        if self._by_id.get(job.id) is job:
-            del self._by_id[job.id]
-
-    def _leased(self) -> Iterable[tuple[int, int]]:
-        """Called on the lease thread: the rows to renew."""
-        return [(j.id, j.attempt) for j in list(self.jobs.values()) if j.state in LEASED]
 
     def _check_deadlines(self, now: float) -> None:
         """Write off handlers past their timeout: their rows stay leased until they return."""
-        for job in list(self.jobs.values()):
-            if job.state is not State.RUNNING or job.deadline is None or now <= job.deadline:
-                continue
-            job.state = State.OVERDUE
+        for job in self.table.overdue(now):
             self.executor.retire(job.runner)
             stuck = self.executor.retired
             log.error(
@@ -473,94 +385,49 @@ class Worker:
 
     def _flush(self) -> None:
         """Acknowledge on its own, when no claim is due to carry the acknowledgements."""
-        if self._pending:
+        if self.table.pending:
             self._claim(claim=False)
 
     def _claim(self, *, claim: bool = True) -> tuple[int, bool]:
-        """Acknowledge what is pending and fill free slots, in one transaction.
+        """Acknowledge what is pending and fill free slots, in one transaction (see _batch).
 
-        One commit per batch instead of two: with durable commits the WAL flush, not the SQL,
-        is what a batch costs most. If anything fails, both roll back together: the finished
-        jobs stay pending and the rows we tried to claim stay queued. One claim statement per
-        queue, round-robin. Returns how many rows were claimed and whether a queue came back
-        full (more may be waiting).
+        If anything fails, both roll back together: the finished jobs stay pending and the rows
+        we tried to claim stay queued. Returns how many rows were claimed and whether a queue
+        came back full (more may be waiting).
         """
-        cfg = self.config
-        free = cfg.concurrency - self._active() if claim else 0
-        acking = self._pending.jobs
-        self._pending = _Pending()
-        for job in acking:
-            job.state = State.ACKING
-        claimed: list[tuple[str, float, int, list[tr.Claimed]]] = []
+        free = self.config.concurrency - self.table.active() if claim else 0
+        acking = self.table.take_pending()
+        claims: list[QueueClaim] = []
         if claim:
             self._last_claim = time.monotonic()
         conn = self._connection()
         try:
             with self.counted(conn):
-                kept, states = self._ack(conn, acking)
-                for i in range(len(self.queues) if claim else 0):
-                    if free <= 0:
-                        break
-                    name = self.queues[(self._queue_turn + i) % len(self.queues)]
-                    now = time.monotonic()
-                    limit = min(cfg.batch_size, free)
-                    rows = tr.claim(
-                        conn,
-                        self.q,
-                        queue=name,
-                        limit=limit,
-                        worker_id=self.id,
-                        lease_seconds=cfg.lease_seconds,
-                        cursor=self._cursor.position(name, now),
-                        max_attempts=self._max_attempts,
-                    )
-                    claimed.append((name, now, limit, rows))
-                    free -= len(rows)
+                kept, states = self.batcher.acknowledge(conn, acking)
+                if free > 0:
+                    claims = self.batcher.claim(conn, free)
                 self._report_acked(acking, kept, states)
-                for _name, _now, _limit, rows in claimed:
-                    if rows:
-                        self.hooks.claimed(self, rows)
+                for c in claims:
+                    if c.rows:
+                        self.hooks.claimed(self, c.rows)
         except BaseException:
-            for job in acking:  # not acknowledged: they wait for the next transaction
-                if job.state is State.ACKING:
-                    job.state = State.FINISHED
-                    self._pending.add(job)
+            self.table.unack(acking)  # not acknowledged: they wait for the next transaction
             raise
-        self._acked(acking, kept, states)
-        self._queue_turn += 1
-        total, full = 0, False
-        for name, now, limit, rows in claimed:
-            if rows:
+        for job in acking:
+            self.table.forget(job)
+        completed = log_acknowledged(acking, kept, states)
+        if completed:
+            self.done_count += completed
+            self.last_ack = time.time()
+        full = self.batcher.committed(claims)
+        total = 0
+        for c in claims:
+            if c.rows:
                 if self.first_claim is None:
                     self.first_claim = time.time()
-                self._cursor.advance(name, rows[-1])
-                self._dispatch(rows)
-                total += len(rows)
-            if len(rows) < limit:
-                self._cursor.reset(name, now)
-            else:
-                full = True
+                self._dispatch(c.rows)
+                total += len(c.rows)
         return total, full
-
-    def _ack(self, conn: psycopg.Connection, jobs: list[Job]) -> tuple[set[int], dict[int, str]]:
-        """Run the acknowledgement statements; the caller commits, then calls ``_acked``."""
-        done = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.ok]
-        failures = [self._failure(j) for j in jobs if j.outcome and not j.outcome.ok]
-        kept: set[int] = set()
-        states: dict[int, str] = {}
-        if done:
-            delete = self.config.keep_done_seconds <= 0
-            kept = tr.complete(conn, self.q, worker_id=self.id, done=done, delete=delete)
-        if failures:
-            states = tr.fail(conn, self.q, worker_id=self.id, failures=failures)
-        return kept, states
-
-    def _failure(self, job: Job) -> tr.Failure:
-        c, outcome = job.claimed, job.outcome
-        assert outcome is not None
-        base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
-        delay = retry_delay(c.attempt, base)
-        return tr.Failure(c.id, c.attempt, delay, outcome.error or "", outcome.permanent)
 
     def _report_acked(self, jobs: list[Job], kept: set[int], states: dict[int, str]) -> None:
         """Inside the acknowledging transaction: tell the hooks what it changed."""
@@ -569,44 +436,11 @@ class Worker:
         if any(j.outcome and not j.outcome.ok for j in jobs):
             self.hooks.acked(self, "failed", states)
 
-    def _acked(self, jobs: list[Job], kept: set[int], states: dict[int, str]) -> None:
-        """After the commit: log, and forget the jobs."""
-        for job in jobs:
-            self._forget(job)
-            outcome = job.outcome
-            assert outcome is not None
-            if outcome.ok and job.id in kept:
-                self.done_count += 1
-                self.last_ack = time.time()
-            elif not outcome.ok and job.id in states:
-                state = states[job.id]
-                log.log(
-                    logging.WARNING if state == "failed" else logging.INFO,
-                    "task %d attempt %d %s: %s",
-                    job.id,
-                    job.attempt,
-                    "failed for good" if state == "failed" else "will retry",
-                    outcome.error.splitlines()[0] if outcome.error else "",
-                )
-            else:
-                self._report_lost([job.id], "complete" if outcome.ok else "retry")
-
-    def _report_lost(self, ids: Iterable[int], action: str) -> None:
-        for task_id in ids:
-            log.warning(
-                "could not %s task %d: this worker no longer owns it (lease expired, rescued)",
-                action,
-                task_id,
-            )
-
     def _dispatch(self, rows: list[tr.Claimed]) -> None:
         now = time.monotonic()
         for c in rows:
-            self._tokens += 1
             definition = self.registry.get(c.task)
-            job = Job(self._tokens, c, definition or _UNKNOWN, now, None)
-            self.jobs[job.token] = job
-            self._by_id[c.id] = job
+            job = self.table.add(c, definition or _UNKNOWN, now)
             if definition is None:
                 known = ", ".join(self.registry.names()) or "none"
                 name = c.task if len(c.task) <= 200 else c.task[:200] + "..."
@@ -618,6 +452,11 @@ class Worker:
                 self._record(Outcome(job.token, ok=False, error=error))
                 continue
             self.executor.submit(job)
+
+    def _rescued(self, rows: list[tuple[int, str, str, str]]) -> None:
+        """On the maintenance thread, inside the rescue's counted transaction."""
+        self.hooks.rescued(self, rows)
+        self._events.put(_WAKE)  # rescued rows are due now: claim them without waiting a poll
 
     def _cron_enqueued(self, n: int) -> None:
         with self._hooks_lock:
@@ -631,9 +470,11 @@ class Worker:
         cfg = self.config
         now_only = self._stop_now.is_set()
         deadline = time.monotonic() + (0 if now_only else cfg.grace_seconds)
-        if self._running():
+        if self.table.unfinished():
             log.info(
-                "stopping: waiting up to %.0fs for %d task(s)", cfg.grace_seconds, self._running()
+                "stopping: waiting up to %.0fs for %d task(s)",
+                cfg.grace_seconds,
+                self.table.unfinished(),
             )
         delay = 0.1
         while True:
@@ -647,7 +488,7 @@ class Worker:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
             left = deadline - time.monotonic()
-            if not self._running() and not self._pending:
+            if not self.table.unfinished() and not self.table.pending:
                 break
             if left <= 0 or self._stop_now.is_set():
                 break
@@ -655,22 +496,14 @@ class Worker:
             self._check_deadlines(time.monotonic())
         self._hand_back()
 
-    def _running(self) -> int:
-        return sum(1 for j in self.jobs.values() if not j.lost and j.state is not State.FINISHED)
-
     def _hand_back(self) -> None:
         """Release unstarted and running jobs; leave overdue ones leased (their threads still run:
         the lease lapses when this process is gone, and a rescue records the attempt)."""
-        back = [
-            (j.id, j.attempt)
-            for j in self.jobs.values()
-            if not j.lost and j.state in (State.CLAIMED, State.RUNNING)
-        ]
+        back = self.table.to_hand_back()
         for attempt in range(5):
             try:
                 conn = self._connection()
-                if self._pending:
-                    self._flush()
+                self._flush()
                 if back:
                     returned = tr.release(conn, self.q, worker_id=self.id, tasks=back)
                     log.warning("handed back %d unfinished task(s)", len(returned))
@@ -720,27 +553,6 @@ class Worker:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
-
-    def _listen(self) -> None:
-        """Wake the main loop on NOTIFY. Optional: without it the worker polls."""
-        dsn = self.config.listen_dsn or self.config.dsn
-        channel = sql.Identifier(notify_channel(self.config.schema))
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(channel))
-                    backoff = 0.5
-                    self._events.put(_WAKE)  # rows may have come while we were not listening
-                    while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self._events.put(_WAKE)
-            except psycopg.Error as exc:
-                log.info(
-                    "listener disconnected (%s); polling until it reconnects", type(exc).__name__
-                )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -54,6 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics = _start_metrics(args, dsn)
         if metrics is not None:
             sup.on_child_exit = metrics.child_exited
+            sup.on_handed_back = metrics.handed_back
         try:
             return sup.run()
         finally:

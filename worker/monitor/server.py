@@ -18,8 +18,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError
+from .._registry import registry
 from .collector import build_registry, child_exited, prepare_multiprocess_dir
-from .instruments import COUNT_CAP_ENV, DEFAULT_COUNT_CAP, DEFAULT_TTL, MULTIPROC_ENV, TTL_ENV
+from .instruments import (
+    COUNT_CAP_ENV,
+    DEFAULT_COUNT_CAP,
+    DEFAULT_TTL,
+    MULTIPROC_ENV,
+    TTL_ENV,
+    UNREGISTERED,
+    instruments,
+)
 from .journal import journal_paths, settle
 from .pages import CSP, render_page
 from .readmodel import Database
@@ -188,6 +197,16 @@ class MetricsServer:
             threading.Thread(
                 target=self._settle, args=(pid, path), name=f"settle-{pid}", daemon=True
             ).start()
+
+    def handed_back(self, rows: list[tuple[int, str, str, str]]) -> None:
+        """The supervisor's callback for a dead child's rows it handed back: they count as
+        rescued, and as failed when that was their last attempt (as a lease rescue would)."""
+        m = instruments()
+        for _id, queue, task, state in rows:
+            key = (queue, task if registry.get(task) is not None else UNREGISTERED)
+            m.rescued.labels(*key).inc()
+            if state == "failed":
+                m.failed.labels(*key).inc()
 
     def _settle(self, pid: int, path: str) -> None:
         try:

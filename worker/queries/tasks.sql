@@ -157,20 +157,19 @@ SELECT set_config('statement_timeout', %(ms)s, false);
 
 -- name: worker_died
 -- The supervisor saw one of its worker processes die: its rows go back at once instead of
--- waiting for their leases, each with an error that says what happened. A task's first such
--- death does not count the attempt (it may have been an innocent neighbour of the task that
--- crashed the process); a second in a row does, so a task that kills its process still ends
--- failed after its attempts.
+-- waiting for their leases (or to failed when that was their last attempt, as in rescue), each
+-- with an error that says how the process died and which tasks it was running. The attempt
+-- counts, as every claimed attempt does: the supervisor cannot tell the task that crashed the
+-- process from its neighbours, and a task that kills its process must still run out of attempts.
 UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN counted AND t.attempts >= t.max_attempts
+   SET state = CASE WHEN t.attempts >= t.max_attempts
                     THEN 'failed'::{schema}.task_state ELSE 'queued' END,
-       attempts = CASE WHEN counted THEN t.attempts ELSE greatest(t.attempts - 1, 0) END,
        run_at = now(),
-       finished_at = CASE WHEN counted AND t.attempts >= t.max_attempts THEN now() END,
-       last_error = %(error)s || '; tasks it was running: ' || d.running,
+       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+       last_error = %(error)s || ' during attempt ' || t.attempts
+                    || '; tasks it was running: ' || d.running,
        lease_expires_at = NULL
-  FROM (SELECT id, coalesce(last_error LIKE 'WorkerDied:%%', false) AS counted,
-               string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
+  FROM (SELECT id, string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
           FROM {schema}.tasks
          WHERE worker_id = %(worker_id)s
            AND state = 'in_progress'

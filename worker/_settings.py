@@ -1,0 +1,43 @@
+"""What a worker process is told: ``WorkerConfig``, filled by the CLI from flags and environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker process needs; the CLI fills it from flags and the environment."""
+
+    dsn: str
+    schema: str = "worker"
+    queues: list[str] | None = None  # None: the queues of the registered tasks, plus "default"
+    concurrency: int = 10
+    batch_size: int = 100
+    lease_seconds: float = 30.0
+    poll_interval: float = 1.0
+    grace_seconds: float = 30.0
+    listen: bool = True
+    listen_dsn: str | None = None  # a direct connection for LISTEN when dsn goes through PgBouncer
+    keep_done_seconds: float = 3600.0  # 0: delete rows as they complete
+    keep_failed_seconds: float = 7 * 86400.0
+    cron_keep_seconds: float = 86400.0
+    purge_interval: float = 60.0
+    cursor_reset_seconds: float = 1.0
+    max_abandoned: int | None = None  # stuck handler threads tolerated before the process gives up
+    check_schema: bool = True
+    # Behind PgBouncer in transaction mode, server-side prepared statements break: turn them off.
+    prepare: bool = True
+    burst: bool = False  # stop once nothing is due and nothing is in flight
+    worker_id: str | None = None  # default: $WORKER_ID (set by a supervisor), else a new uuid
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return max(self.lease_seconds / 3, 0.05)
+
+    @property
+    def rescue_seconds(self) -> float:
+        return max(self.lease_seconds / 4, 0.1)
+
+
+__all__ = ["WorkerConfig"]
