@@ -333,3 +333,48 @@ def test_child_command_line_carries_no_dsn() -> None:
     line = " ".join(child_command(argv))
     assert "S3cret" not in line and "Y@h" not in line
     assert os.path.basename(child_command(argv)[0]).startswith("python")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_the_demo_stops_its_pool_gracefully(
+    pg_dsn: str, sig: signal.Signals, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM to `worker demo` reaches its worker pool: every process it
+    started is gone within the grace period, and no task is left in_progress."""
+    schema = f"demo_{sig.name.lower()}"
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    proc = spawn_cli(
+        "demo",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        "--tasks",
+        "20000",
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "demo.log", "w"),  # noqa: SIM115
+    )
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+
+            def started() -> bool:
+                try:
+                    return len(live_workers(c, schema)) == 2 and done(c, schema) > 500
+                except psycopg.errors.UndefinedTable:
+                    return False  # the demo has not migrated its schema yet
+
+            wait_until(started, timeout=60)
+            family = psutil.Process(proc.pid).children(recursive=True)
+            assert len(family) >= 3  # the pool's supervisor and its two children
+            proc.send_signal(sig)
+            proc.wait(timeout=60)
+            _, alive = psutil.wait_procs(family, timeout=30)
+            assert alive == []
+            assert states(c, schema).get("in_progress", 0) == 0, states(c, schema)
+            assert live_workers(c, schema) == {}
+    finally:
+        kill_tree(proc)
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -49,6 +49,9 @@ def main(args: argparse.Namespace, dsn: str) -> int:
                 PARENT_PID_ENV: str(os.getpid()),
                 PARENT_SIGNAL_ENV: "SIGTERM",
             },
+            # Its own session: a terminal's Ctrl-C reaches the demo only, which passes on one
+            # SIGTERM (two signals would tell the pool to stop at once instead of gracefully).
+            start_new_session=True,
         )
 
         def forward(signum: int, _frame: object) -> None:
