@@ -16,9 +16,11 @@ handed back, or lost, so a graceful stop knows exactly what it still holds.
 from __future__ import annotations
 
 import enum
+import json
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from ._registry import TaskDef
 from ._transitions import Claimed
@@ -62,7 +64,7 @@ class Job:
     lost: bool = False
     runner: int = -1  # the runner thread running it (RUNNING and OVERDUE)
     outcome: Outcome | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    payload: Any = None  # decoded by the runner from the claim's text (see decode_payload)
 
     @property
     def id(self) -> int:
@@ -221,6 +223,19 @@ class JobTable:
 _UNFINISHED = frozenset({State.CLAIMED, State.RUNNING, State.OVERDUE})
 
 
+def decode_payload(raw: Any) -> Any:
+    """The claim returns payloads as JSON text; each is decoded on its own, by the runner, so
+    one that cannot be (nested thousands deep, a number of thousands of digits) fails its task
+    alone. Raises whatever ``json.loads`` raises."""
+    return json.loads(raw) if isinstance(raw, str | bytes) else raw
+
+
+def display(name: str, limit: int = 200) -> str:
+    """A producer-written name (task, queue) as logs may show it: bounded, no control codes."""
+    text = name if len(name) <= limit else f"{name[:limit]}...[{len(name) - limit} more]"
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def format_error(exc: BaseException, *, frames: int = 5) -> str:
     """``Type: message`` then the last few traceback frames: enough to find the line, bounded."""
     head = f"{type(exc).__name__}: {exc}"
@@ -238,4 +253,15 @@ def clean_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text
 
 
-__all__ = ["LEASED", "Job", "JobTable", "Outcome", "Pending", "State", "clean_text", "format_error"]
+__all__ = [
+    "LEASED",
+    "Job",
+    "JobTable",
+    "Outcome",
+    "Pending",
+    "State",
+    "clean_text",
+    "decode_payload",
+    "display",
+    "format_error",
+]

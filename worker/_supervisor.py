@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 
 from . import _transitions as tr
+from ._job import display
 from ._sql import queries
 
 log = logging.getLogger("worker.supervisor")
@@ -267,7 +268,7 @@ class Supervisor:
         if rows and self.on_handed_back is not None:
             self.on_handed_back(rows)  # metrics: they count as rescued (or failed)
         if rows:
-            tasks = ", ".join(f"{r[0]} ({r[2][:100]})" for r in rows[:20])
+            tasks = ", ".join(f"{r[0]} ({display(r[2], 100)})" for r in rows[:20])
             more = f" and {len(rows) - 20} more" if len(rows) > 20 else ""
             log.warning("%s; handed back its task(s) %s%s", error, tasks, more)
 

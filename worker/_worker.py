@@ -38,7 +38,7 @@ from ._cron import make_ticker
 from ._errors import LostLease
 from ._executor import Executor
 from ._hooks import Hooks
-from ._job import Job, JobTable, Outcome, State, format_error
+from ._job import Job, JobTable, Outcome, State, display, format_error
 from ._lease import LeaseKeeper
 from ._listener import Listener
 from ._maintenance import Maintenance, MaintenanceConfig
@@ -256,6 +256,16 @@ class Worker:
                 # longer than its stuck limit gets every worker process killed.
                 self._touch(time.monotonic(), force=True)
                 self._stop.wait(backoff)
+            except psycopg.Error as exc:
+                # Not an outage, and not one row's fault (rows are decoded per task, outside
+                # this transaction): say so, and keep going rather than take the process down.
+                self._close()
+                backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
+                more = False
+                self.hooks.db_error(self, exc)
+                log.error("claim or acknowledgement failed: %s", _first_line(exc)[:500])
+                self._touch(time.monotonic(), force=True)
+                self._stop.wait(backoff)
 
     def _touch(self, now: float, *, force: bool = False) -> None:
         if self._liveness and (force or now - self._touched >= 1.0):
@@ -318,12 +328,16 @@ class Worker:
         c = job.claimed
         if job.lost:
             log.warning(
-                "task %d (%s) finished after its lease was lost; result discarded", c.id, c.task
+                "task %d (%s) finished after its lease was lost; result discarded",
+                c.id,
+                display(c.task),
             )
             return
         if overdue:
             log.warning(
-                "task %d (%s): its handler came back after it was written off", c.id, c.task
+                "task %d (%s): its handler came back after it was written off",
+                c.id,
+                display(c.task),
             )
         self.hooks.finished(self, job.definition, c, outcome.ok, outcome.duration)
         if outcome.acked:
@@ -339,7 +353,7 @@ class Worker:
                 "lost task %d (%s): its lease expired and it was rescued; "
                 "this worker will not complete it",
                 job.id,
-                job.claimed.task,
+                display(job.claimed.task),
             )
             self.hooks.lost(self, job.claimed)
 
@@ -352,7 +366,7 @@ class Worker:
                 "task %d (%s) exceeded its %gs timeout; its thread is written off and its row "
                 "stays leased until it returns (%d stuck)",
                 job.id,
-                job.claimed.task,
+                display(job.claimed.task),
                 job.definition.timeout,
                 stuck,
             )
@@ -443,9 +457,9 @@ class Worker:
             job = self.table.add(c, definition or _UNKNOWN, now)
             if definition is None:
                 known = ", ".join(self.registry.names()) or "none"
-                name = c.task if len(c.task) <= 200 else c.task[:200] + "..."
+                name = display(c.task)
                 error = (
-                    f"UnknownTask: no handler named {name!r} is registered in this worker "
+                    f"UnknownTask: no handler named '{name}' is registered in this worker "
                     f"(known: {known[:1000]}); check the task name or deploy a worker that has it"
                 )
                 job.state = State.RUNNING
@@ -527,7 +541,7 @@ class Worker:
         assert self.pool is not None
         c = job.claimed
         with self.pool.connection() as conn, conn.transaction():
-            job.definition.fn(c.payload, self._context(job, conn))
+            job.definition.fn(job.payload, self._context(job, conn))
             kept = tr.complete(conn, self.q, worker_id=self.id, done=[(c.id, c.attempt)])
             if c.id not in kept:
                 raise LostLease(

@@ -48,8 +48,15 @@ UPDATE {schema}.tasks AS t
 -- = ANY(ARRAY(...)) makes the planner fetch the picked rows by primary key; a join against the
 -- CTE may be planned as a hash join over a scan of the whole table.
  WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING t.id, t.task, t.payload, t.attempts, t.max_attempts, t.queue, t.priority, t.run_at,
-          t.created_at, now() AS claimed_at,
+-- The payload comes back as text: the worker decodes it per task, outside this transaction, so a
+-- payload the driver cannot decode (nested thousands deep, a number of thousands of digits) fails
+-- its own task instead of this claim. Times the driver cannot represent (rows from before
+-- migration 0004 refused them) come back as the nearest it can.
+RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, t.queue,
+          t.priority,
+          CASE WHEN isfinite(t.run_at) THEN t.run_at ELSE '0001-01-01 00:00:00+00' END AS run_at,
+          CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END AS created_at,
+          now() AS claimed_at,
           -- For the metrics journal (worker/_journal.py): saves it a round trip per batch.
           pg_current_xact_id()::text AS xid;
 
