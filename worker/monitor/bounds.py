@@ -35,9 +35,10 @@ def clip(value: object, limit: int = NAME_CHARS, *, length: int | None = None) -
     and a marker saying how much was cut. ``length`` is the full length when the text was already
     cut (by the SQL that read it)."""
     text = "" if value is None else str(value)
-    full = max(len(text), length or 0)
-    if full > limit:
-        text = f"{text[:limit]}… [{full - limit:,} more characters]"
+    shown = text[:limit]
+    hidden = max(len(text), length or 0) - len(shown)
+    if hidden > 0:
+        text = f"{shown}… [{hidden:,} more characters]"
     return _CONTROL.sub(_visible, text)
 
 

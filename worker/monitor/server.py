@@ -67,6 +67,7 @@ class _Handler(BaseHTTPRequestHandler):
     sent with one ``sendall`` (bounded by the socket's timeout), then the connection closes."""
 
     server_version = "worker-metrics"
+    default_request_version = "HTTP/1.0"  # never answer in HTTP/0.9, which has no headers
     protocol_version = "HTTP/1.1"
     db: Database
     registry: Any
