@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .bounds import OTHER, TOP_QUEUES, exported, label
 from .instruments import MULTIPROC_ENV
 from .readmodel import Database
 
@@ -56,7 +57,12 @@ class _Forward:
 
 
 class DatabaseCollector:
-    """Queue gauges for /metrics, from the cached snapshot of ``_web.Database``."""
+    """Queue gauges for /metrics, from the cached snapshot of ``readmodel.Database``.
+
+    Per-queue series only for the queues live workers serve and the ``TOP_QUEUES`` largest
+    others; the rest are summed under ``queue="(other)"``, so a producer that writes twenty
+    thousand queue names adds no series (see ``bounds``).
+    """
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -108,13 +114,30 @@ class DatabaseCollector:
             "Seconds the oldest due task of the queue has waited (0 when none is due).",
             labels=["queue"],
         )
-        for q in snap.queues:
-            tasks.add_metric([q.queue, "queued"], q.queued)
-            tasks.add_metric([q.queue, "in_progress"], q.running)
-            capped.add_metric([q.queue], 1.0 if q.capped else 0.0)
-            delayed.add_metric([q.queue], q.delayed)
-            oldest.add_metric([q.queue], q.oldest_seconds or 0.0)
+        shown = exported(snap.queues, snap.rest, TOP_QUEUES)
+        for q in [*shown.queues, shown.other]:
+            name = OTHER if q is shown.other else label(q.queue)
+            tasks.add_metric([name, "queued"], q.queued)
+            tasks.add_metric([name, "in_progress"], q.running)
+            capped.add_metric([name], 1.0 if q.capped else 0.0)
+            delayed.add_metric([name], q.delayed)
+            oldest.add_metric([name], q.oldest_seconds or 0.0)
         yield from (tasks, capped, delayed, oldest)
+        summed = GaugeMetricFamily(
+            "worker_queues_in_other",
+            f'Queues whose gauges are summed under queue="{OTHER}": all but the ones live '
+            f"workers serve and the {TOP_QUEUES} largest. A lower bound when "
+            "worker_queue_names_truncated is 1.",
+        )
+        summed.add_metric([], shown.other_count)
+        yield summed
+        truncated = GaugeMetricFamily(
+            "worker_queue_names_truncated",
+            "1 when there were too many queue names to list: the queues past the last name "
+            f'listed are counted together under queue="{OTHER}", without an oldest age.',
+        )
+        truncated.add_metric([], 0.0 if snap.rest is None else 1.0)
+        yield truncated
         est = GaugeMetricFamily(
             "worker_tasks_estimated",
             "Rows per state in the whole task table, from the planner's statistics (as fresh as "

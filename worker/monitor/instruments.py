@@ -66,6 +66,8 @@ DATABASE_METRICS: dict[str, str] = {
     "worker_workers_alive": "gauge",
     "worker_queue_stats_duration_seconds": "gauge",
     "worker_queue_stats_age_seconds": "gauge",
+    "worker_queues_in_other": "gauge",
+    "worker_queue_names_truncated": "gauge",
 }
 
 

@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from .._config import redact, scrub
 from .._migrate import current_version, latest_version
 from .._sql import queries
+from .bounds import ERROR_CHARS, ROWS_SHOWN, QueueRow
 
 log = logging.getLogger("worker.metrics")
 
@@ -36,19 +37,14 @@ READY_CACHE_SECONDS = 1.0
 EXACT_COUNT_MAX_BYTES = 256 * 1024 * 1024
 FAILED_SCAN = 20_000  # recent failures are looked for among this many newest finished rows
 FAILED_SHOWN = 20
-
+# Queue names the statistics walk at most (one index probe each, about 25 µs): the queues past
+# them are counted together (see metrics_queue_rest in queries/metrics.sql).
+MAX_QUEUES = 10_000
+# Groups of the per-queue finished counts read at most; more means the table is treated as too
+# big to count per queue.
+MAX_FINISHED_GROUPS = 3 * MAX_QUEUES
 
 # -- data ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    queue: str
-    queued: int
-    delayed: int
-    running: int
-    capped: bool
-    oldest_seconds: float | None
 
 
 @dataclass
@@ -61,6 +57,9 @@ class Snapshot:
     estimates: dict[str, float] = field(default_factory=dict)
     workers_alive: int = 0
     in_flight: int = 0
+    # The queues past the scan limit, summed (queue is the last name scanned), or None when the
+    # scan saw every queue.
+    rest: QueueRow | None = None
     duration: float = 0.0
     error: str | None = None
 
@@ -82,6 +81,8 @@ class PageData:
     cron_runs: list[dict[str, Any]] = field(default_factory=list)
     locks: list[dict[str, Any]] | None = None  # None: no lock table
     advisory: list[dict[str, Any]] = field(default_factory=list)
+    # Each list above holds at most ROWS_SHOWN + 1 rows: one more than the page shows, to know
+    # that there are more.
     error: str | None = None
 
     def age(self) -> float:
@@ -112,6 +113,7 @@ class Database:
         *,
         ttl: float = 10.0,
         count_cap: int = 100_000,
+        max_queues: int = MAX_QUEUES,
         alive_seconds: float = ALIVE_SECONDS,
         connect_timeout: int = 3,
         statement_timeout_ms: int = 5000,
@@ -120,6 +122,7 @@ class Database:
         self.schema = schema
         self.ttl = ttl
         self.count_cap = count_cap
+        self.max_queues = max_queues
         self.alive_seconds = alive_seconds
         self.connect_timeout = connect_timeout
         self.statement_timeout_ms = statement_timeout_ms
@@ -213,12 +216,26 @@ class Database:
         q = self.q
         rows = conn.execute(
             q["metrics_queue_stats"],
-            {"cap": self.count_cap, "alive_seconds": self.alive_seconds},
+            {
+                "cap": self.count_cap,
+                "alive_seconds": self.alive_seconds,
+                "max_queues": self.max_queues,
+            },
         ).fetchall()
         queues = [
-            QueueRow(name, int(queued), int(delayed), int(running), bool(capped), oldest)
-            for name, queued, delayed, running, capped, oldest in rows
+            QueueRow(name, int(queued), int(delayed), int(running), bool(capped), oldest, served)
+            for name, queued, delayed, running, capped, oldest, served, _, _ in rows
         ]
+        rest = None
+        if rows and rows[0][7] >= self.max_queues:  # the scan stopped early: count the rest
+            last = rows[0][8]
+            # Only running or served queues can be listed without having been scanned.
+            listed = [r.queue for r in queues if r.running or r.served]
+            queued, delayed = conn.execute(
+                q["metrics_queue_rest"],
+                {"after": last, "listed": listed, "cap": self.count_cap},
+            ).fetchone() or (0, 0)
+            rest = QueueRow(last, int(queued), int(delayed), 0, queued >= self.count_cap, None)
         estimates = {
             state: float(n)
             for state, n in conn.execute(
@@ -232,6 +249,7 @@ class Database:
             time.monotonic(),
             datetime.now(UTC),
             queues=queues,
+            rest=rest,
             estimates=estimates,
             workers_alive=int(alive),
             in_flight=int(in_flight),
@@ -271,23 +289,26 @@ class Database:
         row = conn.execute(q["metrics_table_estimate"], {"schema": self.schema}).fetchone()
         page.table_bytes = int(row[1]) if row else 0
         if page.table_bytes <= EXACT_COUNT_MAX_BYTES:
-            page.finished = {
-                (name, state): int(n)
-                for name, state, n in conn.execute(q["status_page_finished_counts"]).fetchall()
-            }
-        with conn.cursor(row_factory=dict_row) as cur:
-            page.workers = cur.execute(q["workers"]).fetchall()
-            page.failed = cur.execute(
-                q["status_page_recent_failed"], {"scan": FAILED_SCAN, "limit": FAILED_SHOWN}
+            groups = conn.execute(
+                q["status_page_finished_counts"], {"limit": MAX_FINISHED_GROUPS + 1}
             ).fetchall()
-            page.cron_runs = cur.execute(q["status_page_cron_runs"]).fetchall()
-            page.advisory = cur.execute(q["status_page_advisory_locks"]).fetchall()
+            if len(groups) <= MAX_FINISHED_GROUPS:
+                page.finished = {(name, state): int(n) for name, state, n in groups}
+        rows = {"limit": ROWS_SHOWN + 1}
+        with conn.cursor(row_factory=dict_row) as cur:
+            page.workers = cur.execute(q["status_page_workers"], rows).fetchall()
+            page.failed = cur.execute(
+                q["status_page_recent_failed"],
+                {"scan": FAILED_SCAN, "limit": FAILED_SHOWN, "chars": ERROR_CHARS},
+            ).fetchall()
+            page.cron_runs = cur.execute(q["status_page_cron_runs"], rows).fetchall()
+            page.advisory = cur.execute(q["status_page_advisory_locks"], rows).fetchall()
         if self._exists(conn, "cron_schedules"):
             page.cron_schedules = [
-                r[0] for r in conn.execute(q["status_page_cron_schedules"]).fetchall()
+                r[0] for r in conn.execute(q["status_page_cron_schedules"], rows).fetchall()
             ]
         if self._exists(conn, "locks"):
-            page.locks = [r[0] for r in conn.execute(q["status_page_locks"]).fetchall()]
+            page.locks = [r[0] for r in conn.execute(q["status_page_locks"], rows).fetchall()]
         return page
 
     # readiness

@@ -2,24 +2,28 @@
 
 One server per machine (the supervisor's, or the single worker process's). Everything it shows
 comes from the cached read model (``readmodel.Database``) and the registry of ``collector``.
+Connections are handled by ``httpd.BoundedServer``: idle and slow clients cost no thread, and
+/healthz is answered on its loop, so it never waits for the database or a busy thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import logging
 import os
 import shutil
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from .._errors import ConfigError
 from .._registry import registry
 from .collector import build_registry, child_exited, prepare_multiprocess_dir
+from .httpd import SECURITY_HEADERS, BoundedServer, response
 from .instruments import (
     COUNT_CAP_ENV,
     DEFAULT_COUNT_CAP,
@@ -30,7 +34,7 @@ from .instruments import (
     instruments,
 )
 from .journal import journal_paths, settle
-from .pages import CSP, render_page
+from .pages import render_page
 from .readmodel import Database
 
 log = logging.getLogger("worker.metrics")
@@ -38,14 +42,55 @@ log = logging.getLogger("worker.metrics")
 # -- HTTP ------------------------------------------------------------------------------------------
 
 
+HEALTHZ = b"ok\n"
+
+
+def healthz(head: bytes) -> bytes | None:
+    """/healthz, answered on the server's loop: the process is alive when its loop is."""
+    method, _, rest = head.partition(b" ")
+    target = rest.partition(b" ")[0]
+    if method in (b"GET", b"HEAD") and urlsplit(target.decode("latin-1")).path == "/healthz":
+        plain = "text/plain; charset=utf-8"
+        return response(HTTPStatus.OK, HEALTHZ, plain, head=method == b"HEAD")
+    return None
+
+
+def _page_number(query: str) -> int:
+    try:
+        return int(parse_qs(query).get("queues_page", ["1"])[0])
+    except ValueError:
+        return 1
+
+
 class _Handler(BaseHTTPRequestHandler):
+    """One request, whose head ``BoundedServer`` has read: the response is written to memory and
+    sent with one ``sendall`` (bounded by the socket's timeout), then the connection closes."""
+
     server_version = "worker-metrics"
+    default_request_version = "HTTP/1.0"  # never answer in HTTP/0.9, which has no headers
     protocol_version = "HTTP/1.1"
     db: Database
     registry: Any
 
+    def setup(self) -> None:
+        self.connection, head = self.request
+        self.rfile = io.BytesIO(head)
+        self.wfile = io.BytesIO()
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.sendall(self.wfile.getvalue())
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors the request parser finds (400, 414, 501, 505) as short text, with the same
+        headers as every other response (the default is an HTML page without them)."""
+        status = HTTPStatus(code)
+        body = f"{status.value} {message or status.phrase}\n".encode("utf-8", "replace")
+        head = getattr(self, "command", "") == "HEAD"
+        self._send(status, body, "text/plain; charset=utf-8", head)
 
     def do_HEAD(self) -> None:
         self._route(head=True)
@@ -54,12 +99,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._route(head=False)
 
     def _route(self, *, head: bool) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         try:
             if path == "/metrics":
                 self._metrics(head)
-            elif path == "/healthz":
-                self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8", head)
+            elif path == "/healthz":  # normally answered by healthz() on the loop
+                self._send(HTTPStatus.OK, HEALTHZ, "text/plain; charset=utf-8", head)
             elif path == "/readyz":
                 ok, why = self.db.ready()
                 status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
@@ -72,6 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
                     dsn=self.db.display_dsn,
                     expected_version=self.db.expected_version,
                     ttl=self.db.ttl,
+                    queues_page=_page_number(url.query),
                 )
                 status = HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
                 self._send(status, body.encode(), "text/html; charset=utf-8", head)
@@ -98,18 +145,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str, head: bool) -> None:
         encoding = None
-        if len(body) > 1024 and "gzip" in self.headers.get("Accept-Encoding", ""):
+        headers = getattr(self, "headers", None)  # None when the request did not parse
+        if len(body) > 1024 and headers and "gzip" in headers.get("Accept-Encoding", ""):
             body = gzip.compress(body, compresslevel=5)
             encoding = "gzip"
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        if content_type.startswith("text/html"):
-            self.send_header("Content-Security-Policy", CSP)
-            self.send_header("X-Frame-Options", "DENY")
-            self.send_header("Referrer-Policy", "no-referrer")
+        self.send_header("Connection", "close")
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
         if encoding:
             self.send_header("Content-Encoding", encoding)
         self.end_headers()
@@ -117,18 +162,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 class WebServer:
-    """A ThreadingHTTPServer on a daemon thread; ``stop()`` shuts it down."""
+    """A ``BoundedServer`` whose loop runs on a daemon thread; ``stop()`` shuts it down."""
 
-    def __init__(self, host: str, port: int, *, db: Database, registry: Any) -> None:
+    def __init__(self, host: str, port: int, *, db: Database, registry: Any, **limits: Any) -> None:
         handler = type("Handler", (_Handler,), {"db": db, "registry": registry})
         try:
-            self.httpd = _Server((host, port), handler)
+            self.httpd = BoundedServer((host, port), handler, inline=healthz, **limits)
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
@@ -154,7 +194,6 @@ class WebServer:
 
     def stop(self) -> None:
         self.httpd.shutdown()
-        self.httpd.server_close()
         self.thread.join(timeout=5)
 
 
@@ -241,11 +280,13 @@ def serve(
     multiprocess: bool = False,
     ttl: float | None = None,
     count_cap: int | None = None,
+    **limits: Any,
 ) -> MetricsServer:
     """Serve /metrics, /healthz, /readyz and the status page at ``/`` until ``stop()``.
 
     ``multiprocess``: this process is a supervisor whose children do the work; call it before the
-    first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR.
+    first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR. ``limits``:
+    ``BoundedServer``'s (threads, max_connections, request_timeout, max_head).
     """
     db = Database(
         dsn,
@@ -257,7 +298,7 @@ def serve(
     path = prepare_multiprocess_dir() if multiprocess else None
     try:
         registry = build_registry(db, multiprocess_dir=path)
-        web = WebServer(host, port, db=db, registry=registry)
+        web = WebServer(host, port, db=db, registry=registry, **limits)
     except BaseException:
         db.close()
         if path:

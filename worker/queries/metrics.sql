@@ -13,15 +13,26 @@
 --   running:         exact (in_progress rows are bounded by the fleet's concurrency).
 --   oldest_seconds:  age of the oldest due task, found with one index probe per distinct priority
 --                    (a skip scan), so it costs the same with ten rows or ten million.
--- Queue names come from a skip scan over tasks_claim_idx as well: one probe per queue.
+--   served:          a live worker lists the queue (the monitor exports it whatever its size).
+-- Queue names come from a skip scan over tasks_claim_idx as well: one probe per queue, and at most
+-- %(max_queues)s of them, so a producer that writes a million queue names cannot make this
+-- statement slow (20,000 names took 0.5 s, 100,000 took 4 s). scanned and scanned_last say where
+-- the scan stopped; metrics_queue_rest counts what lies beyond.
 WITH RECURSIVE queued_names AS (
-    (SELECT t.queue FROM {schema}.tasks AS t
+    (SELECT t.queue, 1 AS depth FROM {schema}.tasks AS t
       WHERE t.state = 'queued' ORDER BY t.queue LIMIT 1)
     UNION ALL
     SELECT (SELECT t.queue FROM {schema}.tasks AS t
-             WHERE t.state = 'queued' AND t.queue > n.queue ORDER BY t.queue LIMIT 1)
+             WHERE t.state = 'queued' AND t.queue > n.queue ORDER BY t.queue LIMIT 1),
+           n.depth + 1
       FROM queued_names AS n
-     WHERE n.queue IS NOT NULL
+     WHERE n.queue IS NOT NULL AND n.depth < %(max_queues)s
+),
+scan AS (
+    SELECT count(*) AS scanned,
+           (SELECT q.queue FROM queued_names AS q WHERE q.queue IS NOT NULL
+             ORDER BY q.depth DESC LIMIT 1) AS scanned_last
+      FROM queued_names WHERE queue IS NOT NULL
 ),
 running AS (
     SELECT t.queue, count(*) AS n
@@ -29,22 +40,30 @@ running AS (
      WHERE t.state = 'in_progress'
      GROUP BY t.queue
 ),
+served AS (
+    SELECT DISTINCT unnest(w.queues) AS queue FROM {schema}.workers AS w
+     WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - make_interval(secs => %(alive_seconds)s)
+),
 names AS (
     SELECT queue FROM queued_names WHERE queue IS NOT NULL
     UNION
     SELECT queue FROM running
     UNION
-    SELECT unnest(w.queues) FROM {schema}.workers AS w
-     WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - make_interval(secs => %(alive_seconds)s)
+    SELECT queue FROM served
 )
 SELECT names.queue,
        c.queued,
        c.delayed,
        coalesce(running.n, 0) AS running,
        c.queued >= %(cap)s AS capped,
-       o.oldest_seconds
+       o.oldest_seconds,
+       served.queue IS NOT NULL AS served,
+       scan.scanned,
+       scan.scanned_last
   FROM names
+ CROSS JOIN scan
   LEFT JOIN running ON running.queue = names.queue
+  LEFT JOIN served ON served.queue = names.queue
  CROSS JOIN LATERAL (
     SELECT count(*) AS queued, count(*) FILTER (WHERE s.run_at > now()) AS delayed
       FROM (SELECT t.run_at FROM {schema}.tasks AS t
@@ -74,6 +93,15 @@ SELECT names.queue,
      WHERE prio.p IS NOT NULL AND f.run_at <= now()
  ) AS o
  ORDER BY names.queue;
+
+-- name: metrics_queue_rest
+-- Queued tasks of the queues past the point where metrics_queue_stats stopped its scan (queues
+-- that statement listed anyway, because they run or are served, excluded), counted together up
+-- to %(cap)s along tasks_claim_idx: one bounded range scan, however many queues lie there.
+SELECT count(*) AS queued, count(*) FILTER (WHERE s.run_at > now()) AS delayed
+  FROM (SELECT t.run_at FROM {schema}.tasks AS t
+         WHERE t.state = 'queued' AND t.queue > %(after)s AND t.queue <> ALL(%(listed)s)
+         LIMIT %(cap)s) AS s;
 
 -- name: metrics_state_estimates
 -- Rows per state across the whole table, from the planner's statistics (reltuples times the
@@ -105,16 +133,24 @@ SELECT count(*) AS alive, coalesce(sum(in_flight), 0) AS in_flight
 
 -- name: status_page_finished_counts
 -- Finished rows per queue and state, counted exactly. The page runs this only while the planner
--- estimates the table below a limit; above it the page shows table-wide estimates instead.
+-- estimates the table below a limit; above it the page shows table-wide estimates instead. At most
+-- %(limit)s groups: when a producer wrote more queue names than that, the page treats the table as
+-- too big to count per queue.
 SELECT queue, state::text AS state, count(*) AS n
   FROM {schema}.tasks
  WHERE state IN ('done', 'failed', 'cancelled')
- GROUP BY queue, state;
+ GROUP BY queue, state
+ LIMIT %(limit)s;
 
 -- name: status_page_recent_failed
 -- The newest failures among the last %(scan)s finished rows, read backwards from
--- tasks_finished_idx: bounded even when failures are rare among millions of done rows.
-SELECT t.id, t.queue, t.task, t.attempts, t.max_attempts, t.finished_at, t.last_error
+-- tasks_finished_idx: bounded even when failures are rare among millions of done rows. Names and
+-- errors come cut to %(chars)s characters (with their full lengths): a producer may have written
+-- megabytes into any of them.
+SELECT t.id, left(t.queue, %(chars)s) AS queue, char_length(t.queue) AS queue_length,
+       left(t.task, %(chars)s) AS task, char_length(t.task) AS task_length,
+       t.attempts, t.max_attempts, t.finished_at,
+       left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length
   FROM (SELECT id, state
           FROM {schema}.tasks
          WHERE state IN ('done', 'failed', 'cancelled')
@@ -131,7 +167,7 @@ SELECT DISTINCT ON (cron_key) cron_key, cron_at, state::text AS state, finished_
   FROM {schema}.tasks
  WHERE cron_key IS NOT NULL
  ORDER BY cron_key, cron_at DESC
- LIMIT 500;
+ LIMIT %(limit)s;
 
 -- name: status_page_table_exists
 SELECT to_regclass(%(name)s) IS NOT NULL;
@@ -139,11 +175,11 @@ SELECT to_regclass(%(name)s) IS NOT NULL;
 -- name: status_page_cron_schedules
 -- Only run after status_page_table_exists said yes: the cron table belongs to the cron feature
 -- and its columns are rendered as they are.
-SELECT to_jsonb(c) AS row FROM {schema}.cron_schedules AS c LIMIT 500;
+SELECT to_jsonb(c) AS row FROM {schema}.cron_schedules AS c LIMIT %(limit)s;
 
 -- name: status_page_locks
 -- Same as above for the lock table.
-SELECT to_jsonb(l) AS row FROM {schema}.locks AS l LIMIT 500;
+SELECT to_jsonb(l) AS row FROM {schema}.locks AS l LIMIT %(limit)s;
 
 -- name: status_page_advisory_locks
 -- Advisory locks granted in this database. pg_locks is not free on a busy server, which is why
@@ -156,7 +192,16 @@ SELECT l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, l.mod
  WHERE l.locktype = 'advisory' AND l.granted
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
  ORDER BY l.pid, l.classid, l.objid
- LIMIT 200;
+ LIMIT %(limit)s;
+
+-- name: status_page_workers
+-- Registered workers that have not stopped, as `worker status` lists them, at most %(limit)s.
+SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, in_flight, stopped_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
+  FROM {schema}.workers
+ WHERE stopped_at IS NULL
+ ORDER BY host, pid
+ LIMIT %(limit)s;
 
 -- Exact counters across a SIGKILL (worker/_metrics.py, the journal). A worker process writes the
 -- counts a transaction will add, tagged with its transaction id, before COMMIT; when the process
