@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,19 +49,59 @@ class TaskDef:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the decorated name calls the plain function, which keeps handlers testable."""
-        return self.fn(*args, **kwargs)
+        return getattr(self.fn, "handler", self.fn)(*args, **kwargs)
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:
-    """A handler takes ``(payload)`` or ``(payload, ctx)``; decide once, at registration."""
-    params = [
-        p
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if not params:
-        raise TypeError(f"handler {fn.__qualname__} must accept the payload as first argument")
-    return len(params) >= 2
+    """A handler is called ``fn(payload)`` or ``fn(payload, ctx)``; decide once, at registration.
+
+    Any callable that can take the payload positionally is accepted, ``*args`` included (what a
+    decorator without ``functools.wraps`` leaves); it gets the context too when it can take a
+    second positional argument (a second parameter, or ``*args``)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: give it the payload only
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is p.empty]
+    missing_kw = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    name = getattr(fn, "__qualname__", repr(fn))
+    if not positional and not varargs:
+        raise TypeError(f"handler {name} must accept the payload as first argument")
+    if len(required) > 2:
+        raise TypeError(f"handler {name} needs {len(required)} arguments; it gets (payload, ctx)")
+    if missing_kw:
+        raise TypeError(f"handler {name} has required keyword-only arguments {missing_kw}")
+    return varargs or len(positional) >= 2
+
+
+def _opaque(fn: Callable[..., Any]) -> bool:
+    """Whether the signature hides the handler (``*args``): a decorator without functools.wraps."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def _awaiting(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run to completion: a wrapper that hides an ``async def`` returns a coroutine, which
+    would otherwise be dropped unawaited and the task counted done without having run."""
+
+    def call(*args: Any) -> Any:
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            return asyncio.run(_wait(result))
+        return result
+
+    call.__qualname__ = getattr(fn, "__qualname__", repr(fn))
+    call.handler = fn  # type: ignore[attr-defined]
+    return call
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
 
 
 class Registry:
@@ -91,19 +132,21 @@ class Registry:
             is_async = inspect.iscoroutinefunction(fn)
             if transactional and is_async:
                 raise ValueError("transactional handlers must be plain functions (sync connection)")
+            wants_context = transactional or _wants_context(fn)
+            run = _awaiting(fn) if not is_async and _opaque(fn) else fn
             definition = TaskDef(
                 name=task_name,
-                fn=fn,
+                fn=run,
                 queue=queue,
                 max_attempts=max_attempts,
                 retry_backoff=retry_backoff,
                 timeout=timeout,
                 transactional=transactional,
                 is_async=is_async,
-                wants_context=transactional or _wants_context(fn),
+                wants_context=wants_context,
             )
             existing = self._tasks.get(task_name)
-            if existing is not None and existing.fn is not fn:
+            if existing is not None and getattr(existing.fn, "handler", existing.fn) is not fn:
                 raise ValueError(f"task {task_name!r} is already registered")
             self._tasks[task_name] = definition
             return definition

@@ -21,12 +21,12 @@ from ._errors import ConfigError
 QUERIES_DIR = Path(__file__).parent / "queries"
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # fullmatch: "$" would allow a "\n"
 
 
 def validate_schema_name(name: str) -> str:
     """Refuse anything but a plain lowercase identifier: the name never needs odd quoting."""
-    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
         raise ConfigError(
             f"invalid schema name {name!r}: use 1-63 lowercase letters, digits or _, "
             "starting with a letter or _"

@@ -317,16 +317,27 @@ class Supervisor:
         return code
 
 
-def child_command(argv: list[str]) -> list[str]:
-    """The command line of one worker process: the same options, one process, marked as a child,
-    without --dsn (the supervisor passes the DSN in the environment: argv is public)."""
+# Options whose values may hold a password: never on a child's command line.
+DSN_OPTIONS = ("--dsn", "--listen-dsn")
+
+
+def without_options(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` without the given options and their values (``--opt V`` or ``--opt=V``)."""
     kept: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--dsn":
+        elif arg in options:
             skip = True
-        elif not arg.startswith("--dsn="):
+        elif not arg.startswith(tuple(f"{o}=" for o in options)):
             kept.append(arg)
+    return kept
+
+
+def child_command(argv: list[str]) -> list[str]:
+    """The command line of one worker process: the same options, one process, marked as a child,
+    without --dsn or --listen-dsn (the supervisor passes DSNs in the environment: argv is
+    public)."""
+    kept = without_options(argv, DSN_OPTIONS)
     return [sys.executable, "-m", "worker", *kept, "--processes", "1", "--child"]

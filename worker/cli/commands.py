@@ -4,15 +4,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import datetime
 
 from .. import _admin
 from .._admin import STATES, status
+from .._config import redact
 from .._enqueue import enqueue
 from .._migrate import migrate
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
 from .common import CliError, age, connect, print_json, require, resolve_dsn, table
+from .text import safe
+
+# The largest payload `worker enqueue` reads (jsonb itself stops at 255 MB).
+MAX_PAYLOAD = 64 * 1024 * 1024
+
+
+def _payload_text(spec: str) -> str:
+    """--payload JSON, @FILE or - (stdin): large payloads need not fit on a command line."""
+    if spec != "-" and not spec.startswith("@"):
+        return spec
+    where = "stdin" if spec == "-" else repr(spec[1:])
+    try:
+        if spec == "-":
+            data = sys.stdin.buffer.read(MAX_PAYLOAD + 1)
+        else:
+            with open(spec[1:], "rb") as fh:
+                data = fh.read(MAX_PAYLOAD + 1)
+    except OSError as exc:
+        raise CliError(f"--payload: cannot read {where}: {exc.strerror}", 2) from None
+    if len(data) > MAX_PAYLOAD:
+        raise CliError(f"--payload: {where} holds more than {MAX_PAYLOAD} bytes", 2)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"--payload: {where} is not UTF-8 (byte {exc.start})", 2) from None
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -28,16 +55,24 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
+    if not args.name:
+        raise CliError("the task name must not be empty", 2)
+    if args.queue == "":
+        raise CliError("--queue must not be empty", 2)
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(_payload_text(args.payload))
     except json.JSONDecodeError as exc:
         raise CliError(f"--payload is not valid JSON: {exc.msg} at position {exc.pos}", 2) from None
+    except RecursionError:
+        raise CliError("--payload is nested too deeply", 2) from None
     run_at = None
     if args.run_at:
         try:
             run_at = datetime.fromisoformat(args.run_at)
         except ValueError:
             raise CliError(f"--run-at is not an ISO timestamp: {args.run_at!r}", 2) from None
+        if args.delay is not None:
+            raise CliError("give --run-at or --delay, not both", 2)
         if run_at.tzinfo is None:
             raise CliError("--run-at needs a time zone, e.g. 2026-01-01T09:00:00+00:00", 2)
     with connect(args) as conn:
@@ -86,7 +121,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             ["id", "host", "pid", "started", "heartbeat", "in flight", "queues"],
             [
                 [
-                    w["id"][:8],
+                    str(w["id"])[:8],
                     w["host"],
                     str(w["pid"]),
                     w["started_at"].strftime("%Y-%m-%d %H:%M:%S"),
@@ -103,8 +138,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         for f in st.failed:
             first = (f["last_error"] or "").splitlines()[0] if f["last_error"] else ""
             print(
-                f"  #{f['id']} {f['task']} [{f['queue']}] after {f['attempts']} attempt(s): "
-                f"{first[:160]}"
+                f"  #{f['id']} {safe(f['task'])} [{safe(f['queue'])}] after {f['attempts']} "
+                f"attempt(s): {safe(first, 160)}"
             )
     return 0
 
@@ -138,7 +173,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_dsn(args: argparse.Namespace) -> int:
-    print(resolve_dsn(args.dsn, quiet=True))
+    dsn = resolve_dsn(args.dsn, quiet=True)
+    print(dsn if args.show_password else redact(dsn))
     return 0
 
 

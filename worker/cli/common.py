@@ -8,20 +8,22 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
-from .._config import SecretFilter, dsn_from_env, redact, remember_secret, scrub
+from .._config import dsn_source_from_env, parse_dsn, redact, remember_secret, scrub
 from .._errors import ConfigError
 from .._migrate import require_schema
 from .._sql import validate_schema_name
 from ..dev.embedded import EmbeddedError, default_data_dir, ensure_embedded
+from .text import CELL_LIMIT, LINE_LIMIT, SafeFormatter, bounded, safe
 
 log = logging.getLogger("worker")
 
@@ -34,24 +36,51 @@ class CliError(Exception):
         self.code = code
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (no usage block) and exit 2; options are
+    never abbreviated (``--ds`` for ``--dsn`` would slip past the code that hides DSNs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {safe(message, LINE_LIMIT)} (see --help)\n")
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got {value}")
-    return value
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """A flag type: a whole number from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds_in(low: float, high: float) -> Callable[[str], float]:
+    """A flag type: a number of seconds from ``low`` to ``high`` (no NaN, no infinity)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, got {text}")
+        return value
+
+    return parse
+
+
+DAY = 86400.0
+positive_int = int_in(1, 2**31 - 1)
+seconds = seconds_in(0, 10 * 365 * DAY)
 
 
 def schema_name(text: str) -> str:
@@ -70,7 +99,10 @@ def require(conn: psycopg.Connection, schema: str) -> None:
 
 
 def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=json_default))
+    """JSON with every string bounded (64 KiB) and scrubbed of passwords; json.dumps escapes
+    control characters, so the output stays valid JSON a terminal shows as text."""
+    text = json.dumps(data, default=json_default)  # datetimes etc. to strings first
+    print(json.dumps(bounded(json.loads(text)), indent=2))
 
 
 def json_default(value: Any) -> Any:
@@ -105,16 +137,45 @@ def import_tasks(module: str) -> None:
 
 
 def connect_dsn(dsn: str) -> psycopg.Connection:
-    """Connect, or fail with one line that names the database without its password."""
+    """Connect, or fail with one line that names the database without its password. The
+    driver's message is scrubbed too: libpq quotes the values it rejects."""
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        first = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    except psycopg.Error as exc:
+        text = str(exc).strip()
+        first = scrub(text.splitlines()[0]) if text else type(exc).__name__
         raise CliError(
             f"cannot connect to the database at {redact(dsn)}: {first} "
             "(check --dsn, WORKER_DSN or DATABASE_URL)",
             2,
         ) from None
+
+
+# The schema's CHECK constraints (schema/*.sql), as what the user typed.
+CONSTRAINTS = {
+    "tasks_task_not_empty": "the task name must not be empty",
+    "tasks_queue_not_empty": "--queue must not be empty",
+    "tasks_priority_range": "--priority must be from -1000000 to 1000000",
+    "tasks_max_attempts_positive": "--max-attempts must be at least 1",
+    "locks_name_length": "a lock name must be 1 to 255 characters",
+    "locks_holder_not_empty": "a lock holder must not be empty",
+    "cron_schedules_key_not_empty": "a cron schedule key must not be empty",
+}
+
+
+def database_error(exc: psycopg.Error) -> tuple[str, int]:
+    """One line for a database error, and its exit code: 2 for a value the database refused (a
+    constraint or a bad value names the field, not the statement), 1 for the rest."""
+    text = str(exc).strip()
+    first = scrub(text.splitlines()[0]) if text else type(exc).__name__
+    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None)
+    if constraint in CONSTRAINTS:
+        return f"invalid input: {CONSTRAINTS[constraint]}", 2
+    if isinstance(exc, psycopg.errors.IntegrityError):
+        return f"invalid input: refused by the database ({constraint or first})", 2
+    if isinstance(exc, psycopg.DataError):
+        return f"invalid input: {first}", 2
+    return f"database error: {first}", 1
 
 
 def age(seconds: float | None) -> str:
@@ -127,30 +188,38 @@ def age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def table(head: list[str], rows: list[list[str]]) -> None:
+def table(head: list[str], rows: list[list[Any]]) -> None:
+    """Columns of text; every cell made terminal-safe and cut to CELL_LIMIT characters."""
+    rows = [[safe(c, CELL_LIMIT) for c in row] for row in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=False)]
     for row in [head, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
 
 
+def checked_dsn(dsn: str, source: str) -> str:
+    """A DSN that parses (else one line naming ``source``, never the DSN), its password noted
+    so that no log line or message shows it."""
+    parse_dsn(dsn, source)
+    remember_secret(dsn)
+    return dsn
+
+
 def resolve_dsn(explicit: str | None, *, quiet: bool = False) -> str:
     """--dsn, then WORKER_DSN or DATABASE_URL, then the embedded server (started on demand)."""
-    dsn = explicit or dsn_from_env()
-    if dsn:
-        try:
-            conninfo_to_dict(dsn)
-        except Exception as exc:
-            raise ConfigError(f"invalid DSN {redact(dsn)!r}: {str(exc).splitlines()[0]}") from None
-        remember_secret(dsn)
-        return dsn
+    if explicit:
+        return checked_dsn(explicit, "--dsn")
+    found = dsn_source_from_env()
+    if found:
+        return checked_dsn(*found)
     data_dir = default_data_dir()
     try:
         dsn = ensure_embedded(data_dir)
     except EmbeddedError as exc:
         raise ConfigError(str(exc)) from None
+    remember_secret(dsn)
     if not quiet:
         print(
-            f"worker: no DSN given; using the embedded PostgreSQL in {data_dir} ({dsn})",
+            f"worker: no DSN given; using the embedded PostgreSQL in {data_dir} ({redact(dsn)})",
             file=sys.stderr,
         )
     return dsn
@@ -159,9 +228,8 @@ def resolve_dsn(explicit: str | None, *, quiet: bool = False) -> str:
 def setup_logging(level: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+        SafeFormatter("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
     )
-    handler.addFilter(SecretFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -9,6 +9,7 @@ from typing import Any
 from .._advisory import list_advisory_locks
 from .._locks import DEFAULT_NAMESPACE, force_release, list_locks
 from .common import CliError, connect, print_json, require, table
+from .text import safe
 
 
 def _expiry(row: Mapping[str, Any]) -> str:
@@ -34,7 +35,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
             if released is None:
                 raise CliError(f"no lock named {args.release!r}")
             holder, kind = released
-            print(f"released {kind} lock {args.release!r} (was held by {holder})")
+            print(f"released {kind} lock {safe(repr(args.release))} (was held by {safe(holder)})")
             return 0
         rows = list_locks(conn, args.schema)
         advisory = list_advisory_locks(conn, namespace=args.namespace)

@@ -25,12 +25,30 @@ from .commands import (
     cmd_retry,
     cmd_status,
 )
-from .common import CliError, positive_int, schema_name, scrub, seconds, setup_logging
+from .common import (
+    DAY,
+    CliError,
+    Parser,
+    database_error,
+    int_in,
+    schema_name,
+    scrub,
+    seconds,
+    seconds_in,
+    setup_logging,
+)
 from .run import cmd_run
+from .text import LINE_LIMIT, safe
+
+# Flag ranges: the schema's for task fields, and what one machine can sensibly run.
+MAX_PROCESSES = max(64, 4 * (os.cpu_count() or 1))
+PRIORITY = int_in(-1_000_000, 1_000_000)
+ATTEMPTS = int_in(1, 1_000_000)
+TASK_ID = int_in(1, 2**63 - 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "--dsn",
         help="PostgreSQL URL or conninfo (default: $WORKER_DSN, "
@@ -49,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
-    parser = argparse.ArgumentParser(prog="worker", description="A PostgreSQL work queue.")
+    parser = Parser(prog="worker", description="A PostgreSQL work queue.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade the queue schema")
@@ -63,37 +81,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--concurrency",
-        type=positive_int,
+        type=int_in(1, 1000),
         default=10,
         help="task slots (threads) per process (default 10)",
     )
     p.add_argument(
         "--batch-size",
-        type=positive_int,
+        type=int_in(1, 10_000),
         default=100,
         help="most tasks claimed per statement (default 100)",
     )
     p.add_argument(
         "--processes",
-        type=positive_int,
+        type=int_in(1, MAX_PROCESSES),
         default=None,
         help="worker processes (default: number of CPUs)",
     )
     p.add_argument(
         "--grace",
-        type=seconds,
+        type=seconds_in(0, DAY),
         default=30.0,
         help="seconds to finish in-flight tasks on SIGTERM (default 30)",
     )
     p.add_argument(
         "--lease",
-        type=seconds,
+        type=seconds_in(0.5, DAY),
         default=30.0,
         help="seconds a claim stays valid without a heartbeat (default 30)",
     )
     p.add_argument(
         "--poll-interval",
-        type=seconds,
+        type=seconds_in(0.01, 3600),
         default=1.0,
         help="seconds between polls when no NOTIFY arrives (default 1)",
     )
@@ -123,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=int_in(1, 65535),
         default=None,
         help="serve /metrics, /healthz, /readyz and the status page on this port",
     )
@@ -136,44 +154,57 @@ def build_parser() -> argparse.ArgumentParser:
     # max(60, 2 x lease)); hidden, for tests and unusual deployments.
     p.add_argument(
         "--start-timeout",
-        type=seconds,
+        type=seconds_in(1, DAY),
         default=300.0,
         help="seconds a worker process may take to import MODULE and reach its loop before the "
         "supervisor replaces it (default 300)",
     )
-    p.add_argument("--stuck-after", type=seconds, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--stuck-after", type=seconds_in(1, DAY), default=None, help=argparse.SUPPRESS)
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one task")
     p.add_argument("name", help="task name")
-    p.add_argument("--payload", default="{}", help="JSON payload (default {})")
+    p.add_argument(
+        "--payload",
+        default="{}",
+        help="JSON payload (default {}); @FILE reads it from FILE, - from stdin",
+    )
     p.add_argument("--queue", default=None)
-    p.add_argument("--priority", type=int, default=0, help="higher runs first")
+    p.add_argument(
+        "--priority", type=PRIORITY, default=0, help="higher runs first (-1000000 to 1000000)"
+    )
     p.add_argument("--delay", type=seconds, default=None, help="run after this many seconds")
     p.add_argument("--run-at", default=None, help="ISO timestamp with time zone")
-    p.add_argument("--max-attempts", type=positive_int, default=None)
+    p.add_argument("--max-attempts", type=ATTEMPTS, default=None)
     p.add_argument("--dedupe-key", default=None)
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", parents=[common], help="queues, workers and recent failures")
-    p.add_argument("--failed", type=int, default=10, help="how many recent failures to list")
+    p.add_argument(
+        "--failed", type=int_in(0, 1000), default=10, help="how many recent failures to list"
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("retry", parents=[common], help="requeue a failed task, or all of them")
-    p.add_argument("id", type=int, nargs="?")
+    p.add_argument("id", type=TASK_ID, nargs="?")
     p.add_argument("--failed", action="store_true", help="requeue every failed task")
     p.add_argument("--queue", default=None, help="with --failed: only this queue")
     p.set_defaults(func=cmd_retry)
 
     p = sub.add_parser("cancel", parents=[common], help="cancel a queued task")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=TASK_ID)
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser(
         "dsn",
         parents=[common],
         help="print the DSN (starting the embedded server when no DSN is configured)",
+    )
+    p.add_argument(
+        "--show-password",
+        action="store_true",
+        help="print the password too (by default it is replaced by ***)",
     )
     p.set_defaults(func=cmd_dsn)
 
@@ -190,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", parents=[common], help="run a worker with a demo producer")
-    p.add_argument("--tasks", type=positive_int, default=2000, help="how many demo tasks")
-    p.add_argument("--processes", type=positive_int, default=2)
+    p.add_argument("--tasks", type=int_in(1, 1_000_000), default=2000, help="how many demo tasks")
+    p.add_argument("--processes", type=int_in(1, MAX_PROCESSES), default=2)
     p.set_defaults(func=cmd_demo)
 
     cron.add_cli(sub, common)
@@ -199,24 +230,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str, code: int) -> int:
+    """The one line of an error: no password, no control character, bounded."""
+    print(f"worker: {safe(scrub(message), LINE_LIMIT)}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
     setup_logging(args.log_level)
+    args.from_command_line = from_command_line
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
-        print(f"worker: error: {scrub(str(exc))}", file=sys.stderr)
-        return exc.code
+        return _fail(f"error: {exc}", exc.code)
     except ConfigError as exc:
-        print(f"worker: error: {scrub(str(exc))}", file=sys.stderr)
-        return 2
+        return _fail(f"error: {exc}", 2)
     except psycopg.Error as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"worker: database error: {scrub(first)}", file=sys.stderr)
-        return 1
+        return _fail(*database_error(exc))
     except KeyboardInterrupt:
         return 130
 

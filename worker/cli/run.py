@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -15,24 +16,35 @@ from typing import Any
 import psycopg
 
 from .._registry import registry
-from .._supervisor import LIVENESS_ENV, Supervisor, child_command, die_with_parent
+from .._supervisor import (
+    DSN_OPTIONS,
+    LIVENESS_ENV,
+    Supervisor,
+    child_command,
+    die_with_parent,
+    without_options,
+)
 from .._worker import Worker, WorkerConfig
 from ..monitor.metrics import worker_hooks
 from ..monitor.server import serve
-from .common import CliError, connect_dsn, import_tasks, require, resolve_dsn, scrub
+from .common import CliError, checked_dsn, connect_dsn, import_tasks, require, resolve_dsn, scrub
 
 log = logging.getLogger("worker")
+LISTEN_ENV = "WORKER_LISTEN_DSN"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Before the import: a supervisor (or `worker demo`) killed meanwhile leaves no orphan.
     die_with_parent()
+    _hide_dsns_from_argv(args)
     import_tasks(args.module)
     if len(registry) == 0:
         raise CliError(
             f"module {args.module!r} registered no tasks (decorate handlers with @worker.task)", 2
         )
     dsn = resolve_dsn(args.dsn)
+    if args.listen_dsn:
+        checked_dsn(args.listen_dsn, "--listen-dsn" if "--listen-dsn" in args.argv else LISTEN_ENV)
     processes = args.processes or os.cpu_count() or 1
     if processes > 1 and not args.child:
         # Check the database and schema once, here, so a bad DSN is one clear line, not P of them.
@@ -49,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             schema=args.schema,
             # The DSN reaches the children through their environment, never their command line
             # (which every user of the machine can read with ps).
-            env={"WORKER_DSN": dsn},
+            env={"WORKER_DSN": dsn, **({LISTEN_ENV: args.listen_dsn} if args.listen_dsn else {})},
         )
         metrics = _start_metrics(args, dsn)
         if metrics is not None:
@@ -105,6 +117,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args.report, worker)
     return code
+
+
+def _hide_dsns_from_argv(args: argparse.Namespace) -> None:
+    """A long-running `worker run` given --dsn (or --listen-dsn) on its command line starts over
+    without it, the DSN moved to its environment: every user of the machine can read a process's
+    command line (ps, /proc/PID/cmdline) for as long as it runs. The process keeps its pid; only
+    its first moments show the DSN. A DSN that cannot be parsed is refused first, by its flag."""
+    if args.child or not getattr(args, "from_command_line", False):
+        return
+    moved = {}
+    if args.dsn and _given(args.argv, "--dsn"):
+        moved["WORKER_DSN"] = checked_dsn(args.dsn, "--dsn")
+    if args.listen_dsn and _given(args.argv, "--listen-dsn"):
+        moved[LISTEN_ENV] = checked_dsn(args.listen_dsn, "--listen-dsn")
+    if not moved:
+        return
+    argv = without_options(args.argv, DSN_OPTIONS)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "worker", *argv], {**os.environ, **moved})
+
+
+def _given(argv: list[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in argv)
 
 
 def _write_report(path: str, worker: Any) -> None:

@@ -1,0 +1,252 @@
+"""No password leaves the `worker` command: not in a message, a log line, JSON output, an error
+from the driver, or a process's command line, whatever form the DSN takes, and a DSN that cannot
+be parsed is not shown at all. (README: "passwords in DSNs are replaced by `***` in messages and
+scrubbed from logs".)"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import run_cli, spawn_cli, wait_until
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from worker import _config
+from worker._config import UNPARSEABLE, redact, remember_secret, scrub
+from worker.cli.text import SafeFormatter
+
+PW = "S3cretPW"
+CLOSED = "127.0.0.1"  # port 1: nothing listens there
+
+# A password in every form a DSN can carry it, all pointing at a closed port.
+PARSEABLE = {
+    "url": f"postgresql://bob:{PW}@{CLOSED}:1/db",
+    "url-encoded": f"postgresql://bob:{PW}%2Fx@{CLOSED}:1/db",
+    "query": f"postgresql://bob@{CLOSED}:1/db?password={PW}&connect_timeout=3",
+    "keyvalue": f"host={CLOSED} port=1 user=bob password={PW}",
+    "quoted": f"host={CLOSED} port=1 user=bob password='{PW} with blanks'",
+}
+MALFORMED = {
+    "slash-in-url-password": f"postgresql://bob:{PW}/x@{CLOSED}/db",
+    "blank-in-keyvalue": f"host={CLOSED} password={PW} x",
+    "bad-percent": f"{PW}%zzPW",
+    "bare": PW,
+    "bad-percent-in-url": f"postgresql://bob:{PW}%zz@{CLOSED}:1/db",
+    "word-as-port": f"postgresql://bob:{PW}@{CLOSED}:{PW}/db",
+}
+
+
+@pytest.fixture(autouse=True)
+def _forget_secrets():
+    saved = set(_config._SECRETS)
+    yield
+    _config._SECRETS.clear()
+    _config._SECRETS.update(saved)
+
+
+def _clean(r: subprocess.CompletedProcess[str]) -> None:
+    out = r.stdout + r.stderr
+    assert PW not in out, out
+    assert "Traceback" not in out, out
+
+
+# --- redaction and scrubbing, without a database -------------------------------------------
+
+
+@pytest.mark.parametrize("dsn", PARSEABLE.values(), ids=PARSEABLE.keys())
+def test_redact_hides_the_password_in_every_form(dsn: str) -> None:
+    shown = redact(dsn)
+    assert PW not in shown and "***" in shown
+    assert CLOSED in shown
+
+
+@pytest.mark.parametrize("dsn", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_dsn_that_cannot_be_parsed_is_not_shown(dsn: str) -> None:
+    assert redact(dsn) == UNPARSEABLE
+
+
+def test_redact_keeps_a_dsn_without_password() -> None:
+    dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
+    assert redact(dsn) == dsn
+    assert redact("host=h port=5 dbname=d") == "host=h port=5 dbname=d"
+
+
+def test_scrub_replaces_whole_words_only() -> None:
+    remember_secret("postgresql://u:bench@h/db")
+    line = "queues=worker_bench_1,benchmark bench (bench) x-bench"
+    assert scrub(line) == "queues=worker_bench_1,benchmark *** (***) x-***"
+
+
+def test_short_passwords_are_scrubbed_only_inside_dsns() -> None:
+    remember_secret("postgresql://u:ab@h/db")
+    text = "a cab and ab; postgresql://u:ab@h/db and password=ab"
+    assert scrub(text) == "a cab and ab; postgresql://u:***@h/db and password=***"
+
+
+def test_scrub_removes_dsns_it_was_never_told_about() -> None:
+    text = f"see postgresql://x:{PW}@h/db, or host=h password={PW}, or ?password={PW}"
+    assert PW not in scrub(text)
+
+
+def test_log_formatter_scrubs_messages_and_tracebacks() -> None:
+    remember_secret(PARSEABLE["keyvalue"])
+    formatter = SafeFormatter("%(message)s")
+    try:
+        raise RuntimeError(f"boom {PW}")
+    except RuntimeError:
+        record = logging.LogRecord("w", logging.ERROR, __file__, 1, "pw %s", (PW,), sys.exc_info())
+    text = formatter.format(record)
+    assert PW not in text and "pw ***" in text and "RuntimeError: boom ***" in text
+
+
+# --- real commands ------------------------------------------------------------------------
+
+ALL = {**PARSEABLE, **MALFORMED}
+
+
+@pytest.mark.parametrize("dsn", ALL.values(), ids=ALL.keys())
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_commands_never_print_the_password(dsn: str, via: str) -> None:
+    flag = ["--dsn", dsn] if via == "flag" else []
+    env = {"WORKER_DSN": dsn} if via == "env" else {"WORKER_DSN": "", "DATABASE_URL": ""}
+    commands = [["migrate"], ["status", "--json"]]
+    if via == "flag":
+        commands += [
+            ["enqueue", "job", "--payload", "{}"],
+            ["run", "no_such_module_xyz"],
+            ["run", "tasks_module", "--processes", "1"],
+            ["dsn"],
+        ]
+    for args in commands:
+        r = run_cli(*args, *flag, env=env, timeout=30)
+        _clean(r)
+        assert r.returncode == (0 if args == ["dsn"] and dsn in PARSEABLE.values() else 2), (
+            args,
+            r.stderr,
+        )
+        if dsn in MALFORMED.values() and args != ["run", "no_such_module_xyz"]:
+            source = "--dsn" if via == "flag" else "WORKER_DSN"
+            assert f"the DSN given by {source} cannot be parsed" in r.stderr
+
+
+def test_migrate_with_a_bare_password_as_dsn_says_so_without_it() -> None:
+    r = run_cli("migrate", "--dsn", PW)
+    _clean(r)
+    assert r.returncode == 2
+    assert (
+        r.stderr.strip().splitlines() == [r.stderr.strip()]
+        and "the DSN given by --dsn cannot be parsed" in r.stderr
+    )
+
+
+def test_dsn_command_shows_the_password_only_when_asked() -> None:
+    r = run_cli("dsn", "--dsn", PARSEABLE["url"])
+    assert r.returncode == 0 and r.stdout.strip() == f"postgresql://bob:***@{CLOSED}:1/db"
+    r = run_cli("dsn", "--dsn", PARSEABLE["url"], "--show-password")
+    assert r.stdout.strip() == PARSEABLE["url"]
+
+
+def _with_password(pg_dsn: str, form: str) -> str:
+    """The test database's DSN with a password added (local connections are trusted, so it is
+    ignored by the server but seen by every line of our code)."""
+    params = {k: v for k, v in conninfo_to_dict(pg_dsn).items() if v is not None}
+    params.pop("password", None)
+    if form == "keyvalue":
+        return make_conninfo(**params, password=PW)
+    if form == "quoted":
+        return make_conninfo(**params, password=f"{PW} x")
+    host, port = params.get("host", "127.0.0.1"), params.get("port", "5432")
+    user, db = params.get("user", "postgres"), params.get("dbname", "postgres")
+    if form == "query":
+        return f"postgresql://{user}@{host}:{port}/{db}?password={PW}"
+    return f"postgresql://{user}:{PW}@{host}:{port}/{db}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _environ_has(pid: int, name: str) -> bool:
+    try:
+        return f"{name}=".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("form", ["url", "query", "keyvalue", "quoted"])
+def test_a_worker_pool_shows_no_password_in_logs_or_command_lines(
+    pg_dsn: str, schema: str, form: str, tmp_path: Path
+) -> None:
+    """`worker run --processes 2 --log-level DEBUG` with the DSN on its command line: the
+    supervisor restarts itself with the DSN in its environment, its children get it the same way,
+    and no log line shows it."""
+    dsn = _with_password(pg_dsn, form)
+    r = run_cli("migrate", "--dsn", dsn, "--schema", schema, "--json")
+    _clean(r)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("enqueue", "noop", "--dsn", dsn, "--schema", schema, "--payload", "{}")
+    _clean(r)
+    assert r.returncode == 0, r.stderr
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as fo, err.open("w") as fe:
+        proc = spawn_cli(
+            *("run", "tasks_module", "--dsn", dsn, "--listen-dsn", dsn, "--schema", schema),
+            *("--processes", "2", "--log-level", "DEBUG", "--grace", "5"),
+            stdout=fo,
+            stderr=fe,
+        )
+        try:
+            sup = psutil.Process(proc.pid)
+            kids = wait_until(lambda: len(sup.children()) == 2 and sup.children(), timeout=30)
+            time.sleep(1.0)  # let them log their start-up
+            pids = [proc.pid, *(k.pid for k in kids)]
+            lines = {pid: _cmdline(pid) for pid in pids}
+            assert all(lines.values()), lines
+            for pid, line in lines.items():
+                assert PW not in line, (pid, line)
+                assert "--dsn" not in line and "--listen-dsn" not in line, line
+                assert _environ_has(pid, "WORKER_DSN")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                for kid in psutil.Process(proc.pid).children(recursive=True):
+                    kid.kill()
+                proc.kill()
+                proc.wait()
+    text = out.read_text() + err.read_text()
+    assert "started worker process" in text  # the logs were on
+    assert PW not in text, text
+    assert "Traceback" not in text
+
+
+def test_children_get_the_dsn_by_environment_only(pg_dsn: str, schema: str) -> None:
+    """Without --dsn on the command line (WORKER_DSN), nothing is re-executed and the children's
+    command lines still hold no DSN."""
+    dsn = _with_password(pg_dsn, "url")
+    proc = spawn_cli(
+        *("run", "tasks_module", "--schema", schema, "--processes", "2"),
+        env={"WORKER_DSN": dsn},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sup = psutil.Process(proc.pid)
+        kids = wait_until(lambda: len(sup.children()) == 2 and sup.children(), timeout=30)
+        for pid in [proc.pid, *(k.pid for k in kids)]:
+            assert PW not in _cmdline(pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert os.environ.get("WORKER_DSN") != dsn
