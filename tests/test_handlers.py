@@ -97,3 +97,24 @@ def test_definitions_stay_callable_as_plain_functions() -> None:
 def test_handlers_that_cannot_be_called_are_refused(fn: Any, match: str) -> None:
     with pytest.raises(TypeError, match=match):
         worker.Registry().task("x")(fn)
+
+
+def test_a_payload_only_handler_behind_a_decorator_without_wraps_gets_the_payload_only(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """The common trap: `@logged def handle(payload)` where `logged` returns `inner(*args,
+    **kwargs)`. The wrapper could take a context, but the handler it wraps cannot: the worker
+    looks through the wrapper and passes the payload alone, so the task runs instead of failing
+    with a TypeError on every attempt."""
+    seen: list[Any] = []
+    reg = worker.Registry()
+
+    @reg.task("logged")
+    @unwrapped
+    def handle(payload: dict) -> None:
+        seen.append(payload)
+
+    worker.enqueue(conn, "logged", {"n": 1}, schema=schema)
+    with thread_worker(reg):
+        wait_until(lambda: states(conn, schema) == {"done": 1}, timeout=20)
+    assert seen == [{"n": 1}]

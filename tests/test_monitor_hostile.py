@@ -36,6 +36,9 @@ def families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 @pytest.fixture
 def hostile(schema: str, conn: psycopg.Connection) -> Iterator[str]:
     s = schema
+    # Rows from before migration 0004, which refuses names over 255 characters at the insert:
+    # the monitor must stay bounded with such rows in the table too.
+    conn.execute(f"ALTER TABLE {s}.tasks DROP CONSTRAINT tasks_task_length")
     conn.execute(  # 20,000 queue names of one task each
         f"INSERT INTO {s}.tasks (task, queue) SELECT 'spam', 'spam-' || g"
         f" FROM generate_series(1, {QUEUES}) AS g"

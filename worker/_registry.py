@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,12 @@ def _wants_context(fn: Callable[..., Any]) -> bool:
     Any callable that can take the payload positionally is accepted, ``*args`` included (what a
     decorator without ``functools.wraps`` leaves); it gets the context too when it can take a
     second positional argument (a second parameter, or ``*args``)."""
+    inner = _hidden_function(fn)
+    if inner is not None:
+        # A decorator without functools.wraps: its (*args, **kwargs) says nothing, but the one
+        # function it closes over does. Decide by that one, or a wrapped `def h(payload)` would
+        # be handed a context it cannot take, and fail on every run.
+        return _wants_context(inner)
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: give it the payload only
@@ -74,6 +81,19 @@ def _wants_context(fn: Callable[..., Any]) -> bool:
     if missing_kw:
         raise TypeError(f"handler {name} has required keyword-only arguments {missing_kw}")
     return varargs or len(positional) >= 2
+
+
+def _hidden_function(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The function a ``*args`` wrapper closes over, when there is exactly one."""
+    if not _opaque(fn):
+        return None
+    cells = getattr(fn, "__closure__", None) or ()
+    found = []
+    for cell in cells:
+        with contextlib.suppress(ValueError):  # an empty cell
+            if inspect.isfunction(cell.cell_contents) or inspect.ismethod(cell.cell_contents):
+                found.append(cell.cell_contents)
+    return found[0] if len(found) == 1 and found[0] is not fn else None
 
 
 def _opaque(fn: Callable[..., Any]) -> bool:
