@@ -505,3 +505,56 @@ def test_worker_role_runs_a_worker_but_cannot_change_the_schema(
         f"CREATE TABLE {schema}.mine (x int)",
     ):
         assert denied(conn, runner, statement), statement
+
+
+def test_each_role_runs_its_cli_commands_end_to_end_and_is_refused_the_others(
+    roles: dict[str, str], pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Log in as a member of each role of roles.sql and use the real `worker` commands: the
+    producer enqueues with `worker enqueue` and `worker.enqueue()`, and is refused `status`,
+    `run` and `migrate` with one line each; the runner reads `status` and is refused `migrate`."""
+    from conftest import run_cli
+
+    logins = {}
+    for kind in ("producer", "worker"):
+        login = f"{roles[kind]}_in"
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                sql.Identifier(login), sql.Identifier(roles[kind])
+            )
+        )
+        logins[kind] = make_conninfo(
+            **{**conninfo_to_dict(pg_dsn), "user": login, "password": None}
+        )
+    try:
+        try:
+            psycopg.connect(logins["producer"], connect_timeout=5).close()
+        except psycopg.OperationalError as exc:
+            pytest.skip(f"cannot log in as a new role on the test database: {exc}")
+
+        def cli(kind: str, *args: str) -> subprocess.CompletedProcess[str]:
+            return run_cli(*args, "--schema", schema, env={"WORKER_DSN": logins[kind]})
+
+        r = cli("producer", "enqueue", "roles.cli", "--payload", '{"n": 1}')
+        assert r.returncode == 0, r.stderr
+        task_id = int(r.stdout.strip())
+        assert worker.enqueue(logins["producer"], "roles.py", {"n": 2}, schema=schema) > task_id
+        assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone()[0] == 2
+
+        for args in (("status",), ("migrate",), ("run", "tasks_module", "--processes", "1")):
+            r = cli("producer", *args)
+            assert r.returncode != 0, (args, r.stdout)
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and "permission denied" in lines[0], (args, r.stderr)
+
+        r = cli("worker", "status", "--json")
+        assert r.returncode == 0, r.stderr
+        assert sum(q["counts"]["queued"] for q in json.loads(r.stdout)["queues"]) == 2
+        r = cli("worker", "migrate")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1, r.stderr
+    finally:
+        for login in (f"{roles[k]}_in" for k in ("producer", "worker")):
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchone():
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(login)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(login)))

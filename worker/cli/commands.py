@@ -7,6 +7,8 @@ import json
 import sys
 from datetime import datetime
 
+import psycopg
+
 from .. import _admin
 from .._admin import STATES, status
 from .._config import redact
@@ -76,19 +78,29 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         if run_at.tzinfo is None:
             raise CliError("--run-at needs a time zone, e.g. 2026-01-01T09:00:00+00:00", 2)
     with connect(args) as conn:
-        require(conn, args.schema)
-        task_id = enqueue(
-            conn,
-            args.name,
-            payload,
-            queue=args.queue,
-            run_at=run_at,
-            delay=args.delay,
-            priority=args.priority,
-            max_attempts=args.max_attempts,
-            dedupe_key=args.dedupe_key,
-            schema=args.schema,
-        )
+        # No version check first: it reads the migration table, which the producer role of
+        # deploy/sql/roles.sql may not read. Enqueueing is one call of the SQL function; a
+        # schema without it says so below.
+        try:
+            task_id = enqueue(
+                conn,
+                args.name,
+                payload,
+                queue=args.queue,
+                run_at=run_at,
+                delay=args.delay,
+                priority=args.priority,
+                max_attempts=args.max_attempts,
+                dedupe_key=args.dedupe_key,
+                schema=args.schema,
+            )
+        except (
+            psycopg.errors.UndefinedFunction,
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.InvalidSchemaName,
+        ):
+            require(conn, args.schema)  # says which: no tables, or an old version
+            raise
     if args.json:
         print_json({"id": task_id})
     else:
