@@ -240,7 +240,8 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
     failure = tr.Failure(task_id, 1, 0.0, "ValueError: late", permanent=True)
     assert tr.fail(conn, q, worker_id=a, failures=[failure]) == {}
     assert tr.release(conn, q, worker_id=a, tasks=[(task_id, 1)]) == set()
-    assert tr.heartbeat(conn, q, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600) == {task_id}
+    lost = tr.heartbeat(conn, q, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600)
+    assert lost == {(task_id, 1)}
     assert tr.complete(conn, q, worker_id=b, done=[(task_id, 1)]) == set()  # stale attempt
     assert row() == before
     assert tr.complete(conn, q, worker_id=b, done=[(task_id, 2)]) == {task_id}

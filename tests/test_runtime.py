@@ -378,3 +378,23 @@ def test_stopping_the_demo_stops_its_pool_gracefully(
         kill_tree(proc)
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_still_stops_gracefully(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """systemd's default KillMode sends SIGTERM to every process of the service, and the
+    supervisor then passes its own SIGTERM on: each child gets two. That must not cut the grace
+    period short: the running tasks finish and are acknowledged, none is handed back."""
+    make_runs(conn, schema)
+    flags = ("--processes", "2", "--concurrency", "2", "--grace", "20")
+    with pool(pg_dsn, schema, *flags) as sup:
+        wait_until(lambda: len(live_workers(conn, schema)) == 2, timeout=30)
+        enqueue(conn, schema, "rt.sleep", 4, s=3.0)
+        wait_until(lambda: states(conn, schema) == {"in_progress": 4}, timeout=20)
+        for pid in [sup.pid, *child_pids(sup)]:
+            os.kill(pid, signal.SIGTERM)
+        assert sup.wait(timeout=40) == 0
+    assert states(conn, schema) == {"done": 4}
+    assert conn.execute(f"SELECT count(*), count(ended) FROM {schema}.runs").fetchone() == (4, 4)

@@ -139,6 +139,7 @@ class Executor:
         try:
             if d.transactional:
                 self._transactional(job)
+                job.committed = True  # before the outcome is posted: it is no longer "lost"
                 outcome.acked = True
             elif d.is_async:
                 assert loop is not None

@@ -36,8 +36,9 @@ class State(enum.Enum):
     ACKING = "acking"  # inside the acknowledging transaction
 
 
-# States whose rows the lease thread keeps renewing.
-LEASED = frozenset({State.CLAIMED, State.RUNNING, State.OVERDUE, State.FINISHED})
+# States whose rows the lease thread keeps renewing. ACKING too: the acknowledging transaction may
+# wait (for the hooks lock, a slow commit), and the heartbeat skips rows it has locked anyway.
+LEASED = frozenset({State.CLAIMED, State.RUNNING, State.OVERDUE, State.FINISHED, State.ACKING})
 
 
 @dataclass(slots=True)
@@ -65,6 +66,7 @@ class Job:
     runner: int = -1  # the runner thread running it (RUNNING and OVERDUE)
     outcome: Outcome | None = None
     payload: Any = None  # decoded by the runner from the claim's text (see decode_payload)
+    committed: bool = False  # a transactional handler's transaction committed (set by its runner)
 
     @property
     def id(self) -> int:
@@ -154,10 +156,14 @@ class JobTable:
             self.pending.add(job)
         return job
 
-    def lose(self, task_id: int) -> Job | None:
-        """The lease keeper found the row is not ours; returns the job if this is news."""
+    def lose(self, task_id: int, attempt: int) -> Job | None:
+        """The lease keeper found the row is not ours at ``attempt``; returns the job if this is
+        news. Not for another attempt of the same task (claimed again since the heartbeat read
+        its list), nor for a job being acknowledged or whose own transaction committed."""
         job = self._by_id.get(task_id)
-        if job is None or job.lost or job.state is State.ACKING:
+        if job is None or job.attempt != attempt or job.lost or job.committed:
+            return None
+        if job.state is State.ACKING:
             return None  # acknowledged meanwhile: the row is not ours because we finished it
         job.lost = True
         if job.state is State.FINISHED:

@@ -27,8 +27,8 @@ log = logging.getLogger("worker")
 
 # (id, attempt) pairs to renew; called on the lease thread, must be cheap and thread-safe.
 Leased = Callable[[], Iterable[tuple[int, int]]]
-# Ids found lost, for the worker to act on (it re-checks each job's state).
-OnLost = Callable[[list[int]], None]
+# (id, attempt) pairs found lost, for the worker to act on (it re-checks each job's state).
+OnLost = Callable[[list[tuple[int, int]]], None]
 
 
 class LeaseKeeper:
@@ -59,6 +59,7 @@ class LeaseKeeper:
         self.last_renewal = time.monotonic()  # when a renewal last succeeded
 
     def start(self) -> None:
+        self.last_renewal = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="worker-lease", daemon=True)
         self._thread.start()
 
@@ -70,13 +71,18 @@ class LeaseKeeper:
         self._stop.set()
         self._now.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=2)
         self._close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            ok = self._beat()
+            try:
+                ok = self._beat()
+            except Exception:  # never die: the worker stops claiming when renewals stop
+                log.exception("lease renewal failed")
+                self._close()
+                ok = False
             # After a failure try again soon: an outage shorter than the lease must not cost it.
             wait = self.interval if ok else min(self.interval, 0.5)
             self._now.wait(max(wait - (time.monotonic() - started), 0.0))

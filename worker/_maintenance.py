@@ -76,7 +76,7 @@ class Maintenance:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=2)
         self._close()
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -106,11 +106,14 @@ class Maintenance:
                     self.purge()
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
                 backoff = 0.0
-            except psycopg.Error as exc:
+            except Exception as exc:  # never die: a dead maintainer would rescue nothing again
                 self._close()
                 backoff = min(max(backoff * 2, 0.5), 5.0)
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                log.warning("maintenance failed (%s); retrying in %.1fs", first, backoff)
+                if isinstance(exc, psycopg.Error):
+                    log.warning("maintenance failed (%s); retrying in %.1fs", first, backoff)
+                else:
+                    log.exception("maintenance failed; retrying in %.1fs", backoff)
                 self._stop.wait(backoff)
                 continue
             wake = min(due.values()) if self._cron is not None else min(due["rescue"], due["purge"])
@@ -166,6 +169,8 @@ class Maintenance:
                 prepare_threshold=5 if self._prepare else None,
                 application_name="worker-maintenance",
             )
+            if self._prepare:  # a direct connection: bound how long one statement may hold us
+                self._conn.execute(self.q["session_statement_timeout"], {"ms": "10000"})
         yield self._conn
 
     def _close(self) -> None:

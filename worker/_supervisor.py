@@ -130,7 +130,7 @@ class Supervisor:
             log.info("received %s again: stopping workers at once", signal.Signals(signum).name)
             for child in self.children:
                 if child.proc is not None and child.proc.poll() is None:
-                    child.proc.send_signal(signal.SIGTERM)
+                    child.proc.send_signal(signal.SIGUSR1)  # "stop at once" (see cli.run)
         self._stopping = True
 
     def _spawn(self, child: _Child) -> None:

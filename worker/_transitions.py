@@ -177,16 +177,17 @@ def heartbeat(
     worker_id: str,
     tasks: Sequence[tuple[int, int]],
     lease_seconds: float,
-) -> set[int]:
+) -> set[tuple[int, int]]:
     """Renew the leases of (id, attempt) rows still ours, and the worker's own row; returns the
-    ids that are lost (another owner, another attempt, or no longer running). Waits on no lock."""
+    (id, attempt) pairs that are lost (another owner, another attempt, or no longer running).
+    Waits on no lock."""
     ids = [i for i, _ in tasks]
     attempts = [a for _, a in tasks]
     rows = conn.execute(
         q["heartbeat"],
         {"ids": ids, "attempts": attempts, "worker_id": worker_id, "lease_seconds": lease_seconds},
     ).fetchall()
-    return {r[0] for r in rows}
+    return {(r[0], r[1]) for r in rows}
 
 
 def worker_died(

@@ -197,7 +197,13 @@ class Worker:
                 cfg.batch_size,
             )
             self.hooks.started(self)
-            self._loop()
+            try:
+                self._loop()
+            except Exception:
+                # A bug, not an outage: still give back what this process holds, at once.
+                log.exception("the worker loop failed; handing back its tasks and stopping")
+                self.exit_code = self.exit_code or 1
+                self._stop_now.set()
             self._shutdown()
         finally:
             self._stop.set()
@@ -246,7 +252,8 @@ class Worker:
                 self._close()
                 backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
                 more = False
-                self.hooks.db_error(self, exc)
+                with self._hooks_lock:
+                    self.hooks.db_error(self, exc)
                 log.warning(
                     "database unavailable (%s); retrying in %.1fs",
                     str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
@@ -262,7 +269,8 @@ class Worker:
                 self._close()
                 backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
                 more = False
-                self.hooks.db_error(self, exc)
+                with self._hooks_lock:
+                    self.hooks.db_error(self, exc)
                 log.error("claim or acknowledgement failed: %s", _first_line(exc)[:500])
                 self._touch(time.monotonic(), force=True)
                 self._stop.wait(backoff)
@@ -277,6 +285,10 @@ class Worker:
         """Claim when at least half a batch of slots is free, so claims stay large when tasks
         are short, or when nothing at all is running, or when free slots have waited a poll
         interval: long tasks free slots one at a time and may not free more for hours."""
+        if time.monotonic() - self.lease.last_renewal > self.config.lease_seconds / 2:
+            # The lease keeper cannot renew (its connection, or the thread, is failing): rows we
+            # claim now could lapse and run elsewhere while they run here. Wait for it.
+            return False
         active = self.table.active()
         free = self.config.concurrency - active
         want = min(self.config.batch_size, self.config.concurrency)
@@ -309,11 +321,13 @@ class Worker:
             if item is _WAKE:
                 woken = True
             elif isinstance(item, Outcome):
-                self._record(item)
+                with self._hooks_lock:  # hooks hear one thread at a time (see counted)
+                    self._record(item)
             elif item[0] == "started":
                 self.table.started(*item[1:])
             elif item[0] == "lost":
-                self._lost(item[1])
+                with self._hooks_lock:
+                    self._lost(item[1])
             try:
                 item = self._events.get_nowait()
             except queue_mod.Empty:
@@ -344,9 +358,9 @@ class Worker:
             self.hooks.acked(self, "done", [c.id])
             self.done_count += 1
 
-    def _lost(self, ids: list[int]) -> None:
-        for task_id in ids:
-            job = self.table.lose(task_id)
+    def _lost(self, pairs: list[tuple[int, int]]) -> None:
+        for task_id, attempt in pairs:
+            job = self.table.lose(task_id, attempt)
             if job is None:
                 continue
             log.warning(
@@ -395,7 +409,10 @@ class Worker:
             except BaseException:
                 hooks.rollback()
                 raise
-            hooks.commit()
+            try:
+                hooks.commit()
+            except Exception:  # the transaction committed: an observer must not undo that
+                log.exception("a hook failed after a commit; the work goes on")
 
     def _flush(self) -> None:
         """Acknowledge on its own, when no claim is due to carry the acknowledgements."""
@@ -409,12 +426,18 @@ class Worker:
         we tried to claim stay queued. Returns how many rows were claimed and whether a queue
         came back full (more may be waiting).
         """
+        with self._hooks_lock:  # before taking the jobs: they wait for no one as ACKING
+            return self._claim_locked(claim)
+
+    def _claim_locked(self, claim: bool) -> tuple[int, bool]:
+        # Connect first: jobs taken for acknowledgement must go back to pending on any failure,
+        # or they would stay "acking" (leased, never acknowledged) for good.
+        conn = self._connection()
         free = self.config.concurrency - self.table.active() if claim else 0
         acking = self.table.take_pending()
         claims: list[QueueClaim] = []
         if claim:
             self._last_claim = time.monotonic()
-        conn = self._connection()
         try:
             with self.counted(conn):
                 kept, states = self.batcher.acknowledge(conn, acking)
@@ -514,6 +537,10 @@ class Worker:
         """Release unstarted and running jobs; leave overdue ones leased (their threads still run:
         the lease lapses when this process is gone, and a rescue records the attempt)."""
         back = self.table.to_hand_back()
+        for job in self.table.jobs.values():
+            if (job.id, job.attempt) in back:
+                job.lost = True  # a runner that frees up must not start it: it is going back
+        settled = False
         for attempt in range(5):
             try:
                 conn = self._connection()
@@ -523,11 +550,17 @@ class Worker:
                     log.warning("handed back %d unfinished task(s)", len(returned))
                     back = []
                 conn.execute(self.q["unregister"], {"worker_id": self.id})
+                settled = True
                 break
             except psycopg.Error as exc:
                 self._close()
                 log.warning("could not settle tasks on stop (%s); retrying", _first_line(exc))
                 time.sleep(min(0.5 * 2**attempt, 4))
+        if not settled:
+            # Not a clean stop: say so (a supervisor then hands the rows back itself, or their
+            # leases lapse).
+            log.error("could not hand back this worker's tasks; their leases will lapse")
+            self.exit_code = self.exit_code or 1
         log.info("worker %s stopped", self.id[:8])
 
     # -- handlers that need the worker ---------------------------------------------------------

@@ -100,15 +100,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         _stop_with_parent(worker)
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info(
-            "received %s: finishing in-flight tasks (grace %.0fs)",
-            signal.Signals(signum).name,
-            args.grace,
+        # A second signal stops at once, except a child's SIGTERM: under systemd (KillMode
+        # control-group) a child gets SIGTERM from systemd and again from its supervisor, which
+        # must not cut the grace period short. A supervisor says "at once" with SIGUSR1.
+        now = signum == signal.SIGUSR1 or (
+            worker.stopping and not (args.child and signum == signal.SIGTERM)
         )
-        worker.stop(now=worker._stop.is_set())  # a second signal stops at once
+        log.info(
+            "received %s: %s",
+            signal.Signals(signum).name,
+            "handing back in-flight tasks at once"
+            if now
+            else f"finishing in-flight tasks (grace {args.grace:.0f}s)",
+        )
+        worker.stop(now=now)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
     try:
         code = worker.run()
     finally:

@@ -151,7 +151,7 @@ WITH me AS (
      WHERE t.id = ANY(ARRAY(SELECT id FROM mine))
     RETURNING t.id
 )
-SELECT a.id
+SELECT a.id, a.attempt
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
   LEFT JOIN {schema}.tasks AS t ON t.id = a.id
  WHERE a.id NOT IN (SELECT id FROM renewed)
@@ -173,8 +173,8 @@ UPDATE {schema}.tasks AS t
                     THEN 'failed'::{schema}.task_state ELSE 'queued' END,
        run_at = now(),
        finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
-       last_error = %(error)s || ' during attempt ' || t.attempts
-                    || '; tasks it was running: ' || d.running,
+       last_error = left(%(error)s || ' during attempt ' || t.attempts
+                         || '; tasks it was running: ' || d.running, 4000),
        lease_expires_at = NULL
   FROM (SELECT id, string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
           FROM {schema}.tasks
