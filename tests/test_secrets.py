@@ -188,7 +188,8 @@ def test_a_worker_pool_shows_no_password_in_logs_or_command_lines(
     pg_dsn: str, schema: str, form: str, tmp_path: Path
 ) -> None:
     """`worker run --processes 2 --log-level DEBUG` with the DSN on its command line: the
-    supervisor restarts itself with the DSN in its environment, its children get it the same way,
+    supervisor restarts itself with the DSN in its environment (WORKER_RUN_DSN, leaving the
+    application's WORKER_DSN alone), its children get it the same way,
     and no log line shows it."""
     dsn = _with_password(pg_dsn, form)
     r = run_cli("migrate", "--dsn", dsn, "--schema", schema, "--json")
@@ -215,7 +216,7 @@ def test_a_worker_pool_shows_no_password_in_logs_or_command_lines(
             for pid, line in lines.items():
                 assert PW not in line, (pid, line)
                 assert "--dsn" not in line and "--listen-dsn" not in line, line
-                assert _environ_has(pid, "WORKER_DSN")
+                assert _environ_has(pid, "WORKER_RUN_DSN")
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

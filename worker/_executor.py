@@ -105,9 +105,12 @@ class Executor:
                     self._events.put(Outcome(job.token, ok=False, error="lost", runner=number))
                     continue
                 job.runner = number
-                # A token on the queue says "a runner started it": the main thread's deadline
-                # starts then, not at claim time (a job may wait for a free runner).
-                self._events.put(("started", job.token, number, time.monotonic()))
+                if job.definition.timeout:
+                    # Tells the main thread a runner started it: the deadline counts from here,
+                    # not from the claim (a job may wait for a free runner). Only jobs with a
+                    # timeout need it; for the others "claimed" and "running" are the same to
+                    # the main thread, and this saves it an event per task.
+                    self._events.put(("started", job.token, number, time.monotonic()))
                 if job.definition.is_async and loop is None:
                     loop = asyncio.new_event_loop()
                 outcome = self._execute(job, loop)

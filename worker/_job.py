@@ -29,7 +29,7 @@ MAX_ERROR_CHARS = 4000
 
 
 class State(enum.Enum):
-    CLAIMED = "claimed"  # waiting for a runner thread
+    CLAIMED = "claimed"  # waiting for a runner thread (or running, for a job with no timeout)
     RUNNING = "running"  # a runner thread has it
     OVERDUE = "overdue"  # running past its timeout; its thread is written off, its lease kept
     FINISHED = "finished"  # the outcome is here, not yet acknowledged

@@ -31,12 +31,18 @@ from .common import CliError, checked_dsn, connect_dsn, import_tasks, require, r
 
 log = logging.getLogger("worker")
 LISTEN_ENV = "WORKER_LISTEN_DSN"
+# Where a DSN given on the command line travels instead (to a restarted process, to children):
+# a variable of our own, so that the handlers' WORKER_DSN (which an application may read for
+# its own connections) is left as the user set it.
+RUN_DSN_ENV = "WORKER_RUN_DSN"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Before the import: a supervisor (or `worker demo`) killed meanwhile leaves no orphan.
     die_with_parent()
     _hide_dsns_from_argv(args)
+    # Read once and out of the environment: handlers (and their subprocesses) do not see it.
+    args.dsn = args.dsn or os.environ.pop(RUN_DSN_ENV, None)
     import_tasks(args.module)
     if len(registry) == 0:
         raise CliError(
@@ -61,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             schema=args.schema,
             # The DSN reaches the children through their environment, never their command line
             # (which every user of the machine can read with ps).
-            env={"WORKER_DSN": dsn, **({LISTEN_ENV: args.listen_dsn} if args.listen_dsn else {})},
+            env={RUN_DSN_ENV: dsn, **({LISTEN_ENV: args.listen_dsn} if args.listen_dsn else {})},
         )
         metrics = _start_metrics(args, dsn)
         if metrics is not None:
@@ -136,7 +142,7 @@ def _hide_dsns_from_argv(args: argparse.Namespace) -> None:
         return
     moved = {}
     if args.dsn and _given(args.argv, "--dsn"):
-        moved["WORKER_DSN"] = checked_dsn(args.dsn, "--dsn")
+        moved[RUN_DSN_ENV] = checked_dsn(args.dsn, "--dsn")
     if args.listen_dsn and _given(args.argv, "--listen-dsn"):
         moved[LISTEN_ENV] = checked_dsn(args.listen_dsn, "--listen-dsn")
     if not moved:
