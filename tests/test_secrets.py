@@ -251,3 +251,27 @@ def test_children_get_the_dsn_by_environment_only(pg_dsn: str, schema: str) -> N
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert os.environ.get("WORKER_DSN") != dsn
+
+
+@pytest.mark.parametrize("form", ["url", "query", "keyvalue", "quoted"])
+@pytest.mark.parametrize("reachable", [True, False], ids=["up", "down"])
+def test_no_password_on_any_http_surface(
+    pg_dsn: str, schema: str, form: str, reachable: bool
+) -> None:
+    """The monitor's every surface (/, /readyz, /metrics, /healthz, a 404), with the DSN in each
+    form, against a database that answers and one that does not (its error is shown)."""
+    from test_metrics import fetch
+
+    from worker.monitor.server import serve
+
+    dsn = _with_password(pg_dsn, form)
+    if not reachable:
+        dsn = dsn.replace(str(conninfo_to_dict(pg_dsn).get("port", "5432")), "1", 1)
+    server = serve("127.0.0.1", 0, dsn=dsn, schema=schema, ttl=0)
+    try:
+        for path in ("", "readyz", "metrics", "healthz", "nope"):
+            status, body = fetch(server.url + path)
+            assert status != 0, path
+            assert PW not in body, (path, body[:300])
+    finally:
+        server.stop()
