@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -26,3 +27,46 @@ def borrow(target: Target) -> Iterator[psycopg.Connection]:
             yield conn
     else:
         yield target
+
+
+class OwnConnection:
+    """The one connection a worker thread keeps for itself (the claim loop, the lease keeper,
+    maintenance), made again on first use after ``close()``: each thread reconnects on its own,
+    at its own pace, with no pool backoff in the way. ``timeout_ms`` bounds every statement on
+    it (not behind PgBouncer in transaction mode, ``prepare=False``, where a session setting
+    would leak to other clients)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        name: str,
+        prepare: bool = True,
+        timeout_ms: int | None = None,
+        timeout_query: Any = None,
+    ) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.prepare = prepare
+        self.timeout_ms = timeout_ms
+        self.timeout_query = timeout_query
+        self._conn: psycopg.Connection | None = None
+
+    def get(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=5,
+                prepare_threshold=5 if self.prepare else None,
+                application_name=self.name,
+            )
+            if self.prepare and self.timeout_ms and self.timeout_query is not None:
+                self._conn.execute(self.timeout_query, {"ms": str(self.timeout_ms)})
+        return self._conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()

@@ -12,7 +12,6 @@ again by another worker, or, for the same worker, at another attempt) as lost.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -21,6 +20,7 @@ from collections.abc import Callable, Iterable
 import psycopg
 
 from . import _transitions as tr
+from ._conn import OwnConnection
 from ._sql import Queries
 
 log = logging.getLogger("worker")
@@ -55,7 +55,15 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._now = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection | None = None
+        # A renewal that cannot finish within a third of the lease is no use: fail fast and
+        # retry on a new connection rather than queue behind whatever holds it up.
+        self._conn = OwnConnection(
+            dsn,
+            name="worker-lease",
+            prepare=prepare,
+            timeout_ms=max(int(lease_seconds * 1000 / 3), 100),
+            timeout_query=q["session_statement_timeout"],
+        )
         self.last_renewal = time.monotonic()  # when a renewal last succeeded
 
     def start(self) -> None:
@@ -72,7 +80,7 @@ class LeaseKeeper:
         self._now.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        self._close()
+        self._conn.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -81,7 +89,7 @@ class LeaseKeeper:
                 ok = self._beat()
             except Exception:  # never die: the worker stops claiming when renewals stop
                 log.exception("lease renewal failed")
-                self._close()
+                self._conn.close()
                 ok = False
             # After a failure try again soon: an outage shorter than the lease must not cost it.
             wait = self.interval if ok else min(self.interval, 0.5)
@@ -92,14 +100,14 @@ class LeaseKeeper:
         pairs = list(self._leased())
         try:
             lost = tr.heartbeat(
-                self._connection(),
+                self._conn.get(),
                 self.q,
                 worker_id=self.worker_id,
                 tasks=pairs,
                 lease_seconds=self.lease_seconds,
             )
         except psycopg.Error as exc:
-            self._close()
+            self._conn.close()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             log.warning("lease renewal failed (%s); retrying", first)
             return False
@@ -107,29 +115,6 @@ class LeaseKeeper:
         if lost:
             self._on_lost(sorted(lost))
         return True
-
-    def _connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=5,
-                prepare_threshold=5 if self._prepare else None,
-                application_name="worker-lease",
-            )
-            # A renewal that cannot finish within a third of the lease is no use: fail fast and
-            # retry on a new connection rather than queue behind whatever holds it up. (Not
-            # through PgBouncer in transaction mode, where a session setting would leak.)
-            if self._prepare:
-                ms = max(int(self.lease_seconds * 1000 / 3), 100)
-                self._conn.execute(self.q["session_statement_timeout"], {"ms": str(ms)})
-        return self._conn
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
 
 __all__ = ["LeaseKeeper"]

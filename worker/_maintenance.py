@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import psycopg
 
 from . import _transitions as tr
+from ._conn import OwnConnection
 from ._cron import Ticker
 from ._sql import Queries
 
@@ -67,7 +68,14 @@ class Maintenance:
         self._prepare = prepare
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection | None = None
+        # Bounds how long one statement may hold maintenance up (and the hooks lock, for rescue).
+        self._conn = OwnConnection(
+            dsn,
+            name="worker-maintenance",
+            prepare=prepare,
+            timeout_ms=10_000,
+            timeout_query=q["session_statement_timeout"],
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="worker-maintenance", daemon=True)
@@ -77,7 +85,7 @@ class Maintenance:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        self._close()
+        self._conn.close()
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -97,7 +105,7 @@ class Maintenance:
                     self.rescue()
                     due["rescue"] = now + cfg.rescue_seconds * random.uniform(0.8, 1.2)
                 if self._cron is not None and now >= due["cron"]:
-                    with self._connection() as conn:
+                    with _borrowed(self._conn) as conn:
                         n = self._cron.tick(conn)
                     if n:
                         self._on_cron(n)
@@ -107,7 +115,7 @@ class Maintenance:
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
                 backoff = 0.0
             except Exception as exc:  # never die: a dead maintainer would rescue nothing again
-                self._close()
+                self._conn.close()
                 backoff = min(max(backoff * 2, 0.5), 5.0)
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 if isinstance(exc, psycopg.Error):
@@ -124,7 +132,7 @@ class Maintenance:
     def rescue(self) -> int:
         """Rows whose lease ran out go back to queued (or failed when out of attempts)."""
         total = 0
-        with self._connection() as conn:
+        with _borrowed(self._conn) as conn:
             while True:
                 with self._counted(conn):
                     rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch)
@@ -141,7 +149,7 @@ class Maintenance:
         if cfg.keep_done_seconds < 0:
             return 0
         total = 0
-        with self._connection() as conn:
+        with _borrowed(self._conn) as conn:
             for _ in range(cfg.purge_rounds):
                 n = tr.purge(
                     conn,
@@ -157,27 +165,10 @@ class Maintenance:
             conn.execute(self.q["forget_stale"], {"older_than_seconds": cfg.forget_workers_after})
         return total
 
-    # -- the connection ----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=5,
-                prepare_threshold=5 if self._prepare else None,
-                application_name="worker-maintenance",
-            )
-            if self._prepare:  # a direct connection: bound how long one statement may hold us
-                self._conn.execute(self.q["session_statement_timeout"], {"ms": "10000"})
-        yield self._conn
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+@contextlib.contextmanager
+def _borrowed(own: OwnConnection) -> Iterator[psycopg.Connection]:
+    yield own.get()
 
 
 __all__ = ["Maintenance", "MaintenanceConfig"]

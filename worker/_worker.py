@@ -34,6 +34,7 @@ from psycopg_pool import ConnectionPool
 
 from . import _transitions as tr
 from ._batch import Batcher, QueueClaim, log_acknowledged
+from ._conn import OwnConnection
 from ._cron import make_ticker
 from ._errors import LostLease
 from ._executor import Executor
@@ -95,7 +96,8 @@ class Worker:
             cursor_reset_seconds=config.cursor_reset_seconds,
         )
         self._last_claim = 0.0
-        self._conn: psycopg.Connection | None = None
+        # The main thread's own connection, made again after an error (no pool backoff).
+        self._conn = OwnConnection(config.dsn, name="worker", prepare=config.prepare)
         self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
         self.exit_code = 0
         self.pool: ConnectionPool | None = None  # for transactional handlers
@@ -168,7 +170,7 @@ class Worker:
         self.pool.open()
         started: list[Any] = []
         try:
-            conn = self._connection()
+            conn = self._conn.get()
             if cfg.check_schema:
                 require_schema(conn, cfg.schema)
             conn.execute(
@@ -210,7 +212,7 @@ class Worker:
             for service in reversed(started):
                 service.stop()
             self.pool.close(timeout=2)
-            self._close()
+            self._conn.close()
             self.hooks.stopped(self)
         return self.exit_code
 
@@ -249,7 +251,7 @@ class Worker:
                 self._touch(now)
                 backoff = 0.0
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                self._close()
+                self._conn.close()
                 backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
                 more = False
                 with self._hooks_lock:
@@ -266,7 +268,7 @@ class Worker:
             except psycopg.Error as exc:
                 # Not an outage, and not one row's fault (rows are decoded per task, outside
                 # this transaction): say so, and keep going rather than take the process down.
-                self._close()
+                self._conn.close()
                 backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
                 more = False
                 with self._hooks_lock:
@@ -432,7 +434,7 @@ class Worker:
     def _claim_locked(self, claim: bool) -> tuple[int, bool]:
         # Connect first: jobs taken for acknowledgement must go back to pending on any failure,
         # or they would stay "acking" (leased, never acknowledged) for good.
-        conn = self._connection()
+        conn = self._conn.get()
         free = self.config.concurrency - self.table.active() if claim else 0
         acking = self.table.take_pending()
         claims: list[QueueClaim] = []
@@ -520,7 +522,7 @@ class Worker:
                 self._flush()
                 delay = 0.1
             except psycopg.Error as exc:
-                self._close()
+                self._conn.close()
                 log.warning("could not acknowledge on stop (%s); retrying", _first_line(exc))
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -543,7 +545,7 @@ class Worker:
         settled = False
         for attempt in range(5):
             try:
-                conn = self._connection()
+                conn = self._conn.get()
                 self._flush()
                 if back:
                     returned = tr.release(conn, self.q, worker_id=self.id, tasks=back)
@@ -553,7 +555,7 @@ class Worker:
                 settled = True
                 break
             except psycopg.Error as exc:
-                self._close()
+                self._conn.close()
                 log.warning("could not settle tasks on stop (%s); retrying", _first_line(exc))
                 time.sleep(min(0.5 * 2**attempt, 4))
         if not settled:
@@ -580,26 +582,6 @@ class Worker:
                 raise LostLease(
                     f"task {c.id} was rescued while its handler ran; its writes are rolled back"
                 )
-
-    # -- connections ---------------------------------------------------------------------------
-
-    def _connection(self) -> psycopg.Connection:
-        """The main thread's own connection, made again after an error (no pool backoff)."""
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.config.dsn,
-                autocommit=True,
-                connect_timeout=5,
-                prepare_threshold=5 if self.config.prepare else None,
-                application_name="worker",
-            )
-        return self._conn
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
 
 def _first_line(exc: BaseException) -> str:
