@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import DoNotRetry
-from ._job import Job, Outcome, clean_text, decode_payload, format_error
+from ._job import Job, Outcome, format_error
 from ._registry import Context
 
 log = logging.getLogger("worker")
@@ -130,15 +130,7 @@ class Executor:
         d = job.definition
         start = time.perf_counter()
         outcome = Outcome(job.token, ok=True)
-        try:
-            payload = job.payload = decode_payload(job.claimed.payload)
-        except Exception as exc:
-            outcome.ok, outcome.permanent = False, True
-            outcome.error = clean_text(
-                f"PayloadError: the payload cannot be decoded ({type(exc).__name__}: {exc}); "
-                "it stays in the row as written"
-            )
-            return outcome
+        payload = job.payload  # decoded by the main thread at dispatch (see Worker._dispatch)
         try:
             if d.transactional:
                 self._transactional(job)

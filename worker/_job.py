@@ -65,7 +65,7 @@ class Job:
     lost: bool = False
     runner: int = -1  # the runner thread running it (RUNNING and OVERDUE)
     outcome: Outcome | None = None
-    payload: Any = None  # decoded by the runner from the claim's text (see decode_payload)
+    payload: Any = None  # decoded at dispatch from the claim's text (see decode_payload)
     committed: bool = False  # a transactional handler's transaction committed (set by its runner)
 
     @property
@@ -230,9 +230,9 @@ _UNFINISHED = frozenset({State.CLAIMED, State.RUNNING, State.OVERDUE})
 
 
 def decode_payload(raw: Any) -> Any:
-    """The claim returns payloads as JSON text; each is decoded on its own, by the runner, so
-    one that cannot be (nested thousands deep, a number of thousands of digits) fails its task
-    alone. Raises whatever ``json.loads`` raises."""
+    """The claim returns payloads as JSON text; each is decoded on its own, after the claim
+    committed, so one that cannot be (nested thousands deep, a number of thousands of digits)
+    fails its task alone. Raises whatever ``json.loads`` raises."""
     return json.loads(raw) if isinstance(raw, str | bytes) else raw
 
 
