@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -105,8 +105,8 @@ class Maintenance:
                     self.rescue()
                     due["rescue"] = now + cfg.rescue_seconds * random.uniform(0.8, 1.2)
                 if self._cron is not None and now >= due["cron"]:
-                    with _borrowed(self._conn) as conn:
-                        n = self._cron.tick(conn)
+                    conn = self._conn.get()
+                    n = self._cron.tick(conn)
                     if n:
                         self._on_cron(n)
                     due["cron"] = now + self._cron.interval
@@ -132,43 +132,38 @@ class Maintenance:
     def rescue(self) -> int:
         """Rows whose lease ran out go back to queued (or failed when out of attempts)."""
         total = 0
-        with _borrowed(self._conn) as conn:
-            while True:
-                with self._counted(conn):
-                    rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch)
-                    if rows:
-                        self._on_rescued(rows)
+        conn = self._conn.get()
+        while True:
+            with self._counted(conn):
+                rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch)
                 if rows:
-                    log.warning("rescued %d task(s) whose lease expired", len(rows))
-                total += len(rows)
-                if len(rows) < self.config.rescue_batch or self._stop.is_set():
-                    return total
+                    self._on_rescued(rows)
+            if rows:
+                log.warning("rescued %d task(s) whose lease expired", len(rows))
+            total += len(rows)
+            if len(rows) < self.config.rescue_batch or self._stop.is_set():
+                return total
 
     def purge(self) -> int:
         cfg = self.config
         if cfg.keep_done_seconds < 0:
             return 0
         total = 0
-        with _borrowed(self._conn) as conn:
-            for _ in range(cfg.purge_rounds):
-                n = tr.purge(
-                    conn,
-                    self.q,
-                    done_seconds=cfg.keep_done_seconds,
-                    failed_seconds=cfg.keep_failed_seconds,
-                    cron_keep_seconds=cfg.cron_keep_seconds,
-                    limit=cfg.purge_batch,
-                )
-                total += n
-                if n < cfg.purge_batch or self._stop.is_set():
-                    break
-            conn.execute(self.q["forget_stale"], {"older_than_seconds": cfg.forget_workers_after})
+        conn = self._conn.get()
+        for _ in range(cfg.purge_rounds):
+            n = tr.purge(
+                conn,
+                self.q,
+                done_seconds=cfg.keep_done_seconds,
+                failed_seconds=cfg.keep_failed_seconds,
+                cron_keep_seconds=cfg.cron_keep_seconds,
+                limit=cfg.purge_batch,
+            )
+            total += n
+            if n < cfg.purge_batch or self._stop.is_set():
+                break
+        conn.execute(self.q["forget_stale"], {"older_than_seconds": cfg.forget_workers_after})
         return total
-
-
-@contextlib.contextmanager
-def _borrowed(own: OwnConnection) -> Iterator[psycopg.Connection]:
-    yield own.get()
 
 
 __all__ = ["Maintenance", "MaintenanceConfig"]
