@@ -56,15 +56,28 @@ def _lock_key(schema: str) -> int:
 
 
 def migrate(conn: psycopg.Connection, schema: str) -> list[str]:
-    """Apply pending migrations in one transaction and return their names.
+    """Apply pending migrations, each in a transaction of its own, and return their names.
 
     A transaction-level advisory lock serializes concurrent migrators (they wait, then find
     nothing to do), works behind a transaction-pooling PgBouncer, and is released even if the
-    migrating process dies. All-or-nothing: a failing migration leaves the schema as it was.
+    migrating process dies. Each file is all-or-nothing: a failing migration leaves the schema at
+    the previous version. One transaction per file because PostgreSQL cannot use an enum value
+    in the transaction that added it (0005 adds one, 0006 uses it).
     """
     validate_schema_name(schema)
-    ident = sql.Identifier(schema)
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("migrate() needs a connection outside any transaction")
     applied: list[str] = []
+    while True:
+        name = _apply_next(conn, schema)
+        if name is None:
+            return applied
+        applied.append(name)
+
+
+def _apply_next(conn: psycopg.Connection, schema: str) -> str | None:
+    """Apply the first pending migration in one transaction; None when none is pending."""
+    ident = sql.Identifier(schema)
     with conn.transaction():
         conn.execute(
             "SELECT pg_advisory_xact_lock(%s, %s)", (MIGRATE_LOCK_CLASS, _lock_key(schema))
@@ -93,8 +106,8 @@ def migrate(conn: psycopg.Connection, schema: str) -> list[str]:
                 ),
                 (m.version, m.name),
             )
-            applied.append(f"{m.version:04d}_{m.name}")
-    return applied
+            return f"{m.version:04d}_{m.name}"
+    return None
 
 
 def current_version(conn: psycopg.Connection, schema: str) -> int:
