@@ -87,8 +87,9 @@ def test_sql_producers_get_the_handlers_max_attempts_unless_they_set_one(
     conn: psycopg.Connection, schema: str, thread_worker
 ) -> None:
     """A plain INSERT leaves max_attempts to the handler: registered with max_attempts=2, the task
-    fails after two attempts, not the table's five. A number the producer wrote wins, and a
-    task no handler knows gets the default of 5 written when it is claimed."""
+    fails after two attempts, not the table's five. A number the producer wrote wins. A task no
+    handler of this worker knows is handed back uncounted, its max_attempts still the handler's
+    to decide (see test_routing.py for the rest of that story)."""
     reg = worker.Registry()
     runs: list[int] = []
 
@@ -104,17 +105,20 @@ def test_sql_producers_get_the_handlers_max_attempts_unless_they_set_one(
     )
     unknown = worker.enqueue(conn, "nobody_handles_this", schema=schema)
     with thread_worker(reg, poll_interval=0.05):
-        wait_until(lambda: states(conn, schema) == {"failed": 3}, timeout=30)
+        wait_until(lambda: states(conn, schema) == {"failed": 2, "scheduled": 1}, timeout=30)
     rows = conn.execute(
         f"SELECT payload->>'n', attempts, max_attempts FROM {schema}.tasks"
         " WHERE task = 'twice' ORDER BY id"
     ).fetchall()
     assert rows == [("1", 2, 2), ("2", 4, 4)]
     assert sorted(runs) == [1, 1, 2, 2, 2, 2]
-    assert _row(conn, schema, unknown)["state"] == "failed"
-    assert conn.execute(
-        f"SELECT max_attempts FROM {schema}.tasks WHERE id = %s", (unknown,)
-    ).fetchone() == (5,)
+    row = conn.execute(
+        f"SELECT state::text, attempts, max_attempts, handed_back, last_error FROM {schema}.tasks"
+        " WHERE id = %s",
+        (unknown,),
+    ).fetchone()
+    assert row is not None and row[:4] == ("scheduled", 0, None, 1), row
+    assert row[4].startswith("UnknownTask: no handler named 'nobody_handles_this'")
 
 
 def test_retry_moves_run_at_into_the_future(
@@ -127,7 +131,7 @@ def test_retry_moves_run_at_into_the_future(
         wait_until(
             lambda: (
                 _row(conn, schema, task_id)["attempts"] == 1
-                and _row(conn, schema, task_id)["state"] == "queued"
+                and _row(conn, schema, task_id)["state"] == "scheduled"
             )
         )
     row = _row(conn, schema, task_id)
@@ -154,16 +158,52 @@ def test_do_not_retry_fails_at_once(conn: psycopg.Connection, schema: str, threa
     assert _row(conn, schema, good)["state"] == "done"
 
 
-def test_unknown_task_name_is_retried_then_failed_with_a_clear_error(
+def test_unknown_task_is_handed_back_uncounted_until_a_worker_with_its_handler_comes(
     conn: psycopg.Connection, schema: str, thread_worker
 ) -> None:
-    reg = worker.Registry()
-    reg.task("known")(lambda p: None)
-    task_id = worker.enqueue(conn, "no_such_task", {}, max_attempts=1, schema=schema)
-    with thread_worker(reg):
-        wait_until(lambda: _row(conn, schema, task_id)["state"] == "failed")
-    error = _row(conn, schema, task_id)["error"]
-    assert "no handler named 'no_such_task'" in error and "known" in error
+    """A rolling deploy: an old worker without the handler claims a new task. It must not burn
+    the task's attempts (max_attempts=1 here: one counted attempt would fail it for good). The
+    row goes back as scheduled, uncounted, later each time, with an error that says why; the
+    moment a worker that has the handler starts, it takes the row without waiting out the
+    delay."""
+    old = worker.Registry()
+    old.task("known")(lambda p: None)
+    task_id = worker.enqueue(conn, "new_task", {}, max_attempts=1, schema=schema)
+    with thread_worker(old):
+        wait_until(lambda: _row(conn, schema, task_id)["state"] == "scheduled")
+    row = _row(conn, schema, task_id)
+    assert row["attempts"] == 0
+    assert "no handler named 'new_task'" in row["error"] and "known" in row["error"]
+    delay = conn.execute(
+        f"SELECT extract(epoch FROM run_at - now()), handed_back FROM {schema}.tasks"
+        " WHERE id = %s",
+        (task_id,),
+    ).fetchone()
+    assert delay is not None and 3 < delay[0] <= 5 and delay[1] == 1, delay
+    # Handed back again (the clock moved on): the delay doubles, still uncounted.
+    conn.execute(f"UPDATE {schema}.tasks SET run_at = now() WHERE id = %s", (task_id,))
+    with thread_worker(old):
+        wait_until(
+            lambda: conn.execute(
+                f"SELECT handed_back FROM {schema}.tasks WHERE id = %s", (task_id,)
+            ).fetchone()
+            == (2,)
+        )
+    delay = conn.execute(
+        f"SELECT extract(epoch FROM run_at - now()), attempts, state::text FROM {schema}.tasks"
+        " WHERE id = %s",
+        (task_id,),
+    ).fetchone()
+    assert delay is not None and 8 < delay[0] <= 10 and delay[1:] == (0, "scheduled"), delay
+
+    new = worker.Registry()
+    ran: list[int] = []
+    new.task("new_task")(lambda p: ran.append(1))
+    started = time.monotonic()
+    with thread_worker(new):
+        wait_until(lambda: _row(conn, schema, task_id)["state"] == "done", timeout=5)
+    assert time.monotonic() - started < 5 and ran == [1]
+    assert _row(conn, schema, task_id)["attempts"] == 1
 
 
 def test_handler_past_its_timeout_keeps_its_row_until_it_returns_then_is_retried(

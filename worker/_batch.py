@@ -9,7 +9,6 @@ states; this module only talks to the database and reads the answers.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,16 +24,26 @@ log = logging.getLogger("worker")
 
 
 @dataclass(slots=True)
-class QueueClaim:
-    """What one claim statement asked of one queue, and got."""
+class Claim:
+    """What one claim statement asked for, and got."""
 
-    queue: str
-    at: float  # monotonic time of the statement, for the cursor
+    queues: list[str]
     limit: int
     rows: list[tr.Claimed]
 
 
+# Rows promoted per statement; more wait for the next claim, which comes at once (see claim).
+PROMOTE_LIMIT = 1000
+
+
 class Batcher:
+    """The claiming side of a worker: which queues to read, from where, and when to promote.
+
+    A claim reads only the queues that may hold work: those named by a notification since the
+    last claim, those whose last claim came back full, and every queue once per poll interval.
+    So a worker serving 200 queues does not read 200 empty ones on every wake-up.
+    """
+
     def __init__(
         self,
         q: Queries,
@@ -45,24 +54,65 @@ class Batcher:
         lease_seconds: float,
         delete_done: bool,
         max_attempts: Mapping[str, int],
-        cursor_reset_seconds: float,
+        poll_interval: float,
+        channel: str,
     ) -> None:
         self.q = q
         self.worker_id = worker_id
         self.queues = list(queues)
+        self._served = set(self.queues)
         self.batch_size = batch_size
         self.lease_seconds = lease_seconds
         self.delete_done = delete_done
         self.max_attempts = dict(max_attempts)
-        self.cursor = tr.ClaimCursor(cursor_reset_seconds)
+        self.poll_interval = poll_interval
+        self.channel = channel
+        # Rows that commit up to this far behind the cursor are still found by the claim.
+        self.cursor = tr.ClaimCursor(max(2.0, 2 * poll_interval))
+        self._hot: set[str] = set(self.queues)
+        self._poll_at = 0.0  # monotonic time of the next claim over every queue
+        self._promote_at = 0.0  # monotonic time of the next promotion
         self._turn = 0
+
+    # -- what wakes a claim --------------------------------------------------------------------
+
+    def notified(self, payload: str | None) -> bool:
+        """A notification named these queues (comma-separated; empty or None: any queue).
+        Returns whether this worker serves any of them."""
+        if not payload:
+            self._hot.update(self.queues)
+            return True
+        names = self._served.intersection(payload.split(","))
+        self._hot.update(names)
+        return bool(names)
+
+    def wake_all(self) -> None:
+        self._hot.update(self.queues)
+
+    def wants_claim(self, now: float) -> bool:
+        """A queue may hold work, or it is time to poll or promote."""
+        return bool(self._hot) or now >= self._poll_at or now >= self._promote_at
+
+    def next_deadline(self) -> float:
+        """Monotonic time of the next poll or promotion, whichever comes first."""
+        return min(self._poll_at, self._promote_at)
+
+    # -- the statements ------------------------------------------------------------------------
 
     def acknowledge(
         self, conn: psycopg.Connection, jobs: list[Job]
     ) -> tuple[set[int], dict[int, str]]:
-        """The done and the failed jobs, one statement each: (ids completed, {id: new state})."""
+        """The done, failed and handed-back jobs, one statement each: (ids completed,
+        {id: new state})."""
         done = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.ok]
-        failures = [failure(j) for j in jobs if j.outcome and not j.outcome.ok]
+        failures = [
+            failure(j) for j in jobs if j.outcome and not j.outcome.ok and not j.outcome.handback
+        ]
+        handbacks = [
+            (j.id, j.attempt, j.outcome.error or "")
+            for j in jobs
+            if j.outcome and j.outcome.handback
+        ]
         kept: set[int] = set()
         states: dict[int, str] = {}
         if done:
@@ -71,48 +121,76 @@ class Batcher:
             )
         if failures:
             states = tr.fail(conn, self.q, worker_id=self.worker_id, failures=failures)
+        if handbacks:
+            for task_id in tr.hand_back(conn, self.q, worker_id=self.worker_id, rows=handbacks):
+                states[task_id] = "handed_back"
         return kept, states
 
-    def claim(self, conn: psycopg.Connection, free: int) -> list[QueueClaim]:
-        """Up to ``free`` rows, one statement per queue, starting at the next queue in turn."""
-        out: list[QueueClaim] = []
+    def claim(self, conn: psycopg.Connection, free: int, now: float) -> Claim | None:
+        """Promote due scheduled rows when it is time, then claim up to ``free`` rows of the
+        queues that may hold work, in one statement. None when no queue needs reading."""
+        if now >= self._poll_at:
+            self._hot.update(self.queues)
+            self._poll_at = now + self.poll_interval
+        if now >= self._promote_at:
+            promoted = tr.promote(conn, self.q, limit=PROMOTE_LIMIT, channel=self.channel)
+            wait = self.poll_interval
+            if promoted.count >= PROMOTE_LIMIT:
+                wait = 0.0
+            elif promoted.next_due_in is not None:
+                wait = min(wait, max(promoted.next_due_in, 0.0))
+            self._promote_at = now + wait
+            if promoted.count:
+                self._hot.update(self.queues)
+        if free <= 0 or not self._hot:
+            return None
         n = len(self.queues)
-        for i in range(n):
-            if free <= 0:
-                break
-            name = self.queues[(self._turn + i) % n]
-            now = time.monotonic()
-            limit = min(self.batch_size, free)
-            rows = tr.claim(
-                conn,
-                self.q,
-                queue=name,
-                limit=limit,
-                worker_id=self.worker_id,
-                lease_seconds=self.lease_seconds,
-                cursor=self.cursor.position(name, now),
-                max_attempts=self.max_attempts,
-            )
-            out.append(QueueClaim(name, now, limit, rows))
-            free -= len(rows)
+        order = [self.queues[(self._turn + i) % n] for i in range(n)]
         self._turn += 1
-        return out
+        names = [name for name in order if name in self._hot]
+        limit = min(self.batch_size, free)
+        rows = tr.claim(
+            conn,
+            self.q,
+            queues=names,
+            limit=limit,
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            cursor=self.cursor,
+            max_attempts=self.max_attempts,
+        )
+        return Claim(names, limit, rows)
 
-    def committed(self, claims: list[QueueClaim]) -> bool:
-        """After the commit: move the cursors. True when a queue came back full (more waits)."""
-        full = False
-        for c in claims:
-            if c.rows:
-                self.cursor.advance(c.queue, c.rows[-1])
-            if len(c.rows) < c.limit:
-                self.cursor.reset(c.queue, c.at)
-            else:
-                full = True
+    def committed(self, claim: Claim | None) -> bool:
+        """After the commit: move the cursors and decide which queues stay hot. True when the
+        claim came back full (more may wait)."""
+        if claim is None:
+            return False
+        last: dict[str, tr.Claimed] = {}
+        for row in claim.rows:
+            last[row.queue] = row  # rows come in claim order within each queue
+        for name, row in last.items():
+            self.cursor.advance(name, row)
+        full = len(claim.rows) >= claim.limit
+        self._hot.difference_update(claim.queues)
+        if full:
+            # The statement stopped at the limit: the queues it reached may hold more, and the
+            # ones after them were not read at all.
+            self._hot.update(claim.queues[max(0, claim.queues.index(claim.rows[-1].queue)) :])
         return full
 
-    def reset_cursors(self, now: float) -> None:
-        for name in self.queues:
-            self.cursor.reset(name, now)
+    def rolled_back(self, claim: Claim | None) -> None:
+        """The transaction failed: read the same queues again next time."""
+        if claim is not None:
+            self._hot.update(claim.queues)
+
+    def reset(self, names: Sequence[str]) -> None:
+        """Rows committed behind the cursor of these queues (see tr.behind): read them from
+        their start."""
+        for name in names:
+            self.cursor.reset(name)
+            if name in self._served:
+                self._hot.add(name)
 
 
 def failure(job: Job) -> tr.Failure:
@@ -140,7 +218,9 @@ def log_acknowledged(jobs: list[Job], kept: set[int], states: dict[int, str]) ->
                 "task %d attempt %d %s: %s",
                 job.id,
                 job.attempt,
-                "failed for good" if state == "failed" else "will retry",
+                {"failed": "failed for good", "handed_back": "handed back"}.get(
+                    state, "will retry"
+                ),
                 outcome.error.splitlines()[0] if outcome.error else "",
             )
         else:
@@ -152,4 +232,4 @@ def log_acknowledged(jobs: list[Job], kept: set[int], states: dict[int, str]) ->
     return completed
 
 
-__all__ = ["Batcher", "QueueClaim", "failure", "log_acknowledged"]
+__all__ = ["PROMOTE_LIMIT", "Batcher", "Claim", "failure", "log_acknowledged"]

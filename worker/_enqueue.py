@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -12,7 +13,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from ._conn import Target, borrow
-from ._registry import DEFAULT_QUEUE, TaskDef, registry
+from ._registry import TaskDef, registry
 from ._sql import queries
 
 
@@ -24,26 +25,33 @@ def _check_payload(payload: Any) -> Any:
     return payload
 
 
-def _run_at(run_at: datetime | None, delay: float | timedelta | None) -> datetime | None:
+def _when(
+    run_at: datetime | None, delay: float | timedelta | None
+) -> tuple[datetime | None, float | None]:
+    """(run_at, delay in seconds): at most one is set. A delay is added to the database's clock,
+    never this process's, like every other time the queue computes."""
     if run_at is not None and delay is not None:
         raise ValueError("give run_at or delay, not both")
     if delay is not None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        return datetime.now(UTC) + timedelta(seconds=seconds)
+        if not math.isfinite(seconds):
+            raise ValueError(f"delay must be a finite number of seconds, not {delay!r}")
+        return None, seconds
     if run_at is not None and run_at.tzinfo is None:
         raise ValueError("run_at must be timezone-aware (naive datetimes are ambiguous)")
-    return run_at
+    return run_at, None
 
 
-def _default_queue(name: str) -> str:
-    """A task registered in this process goes to its handler's queue unless told otherwise.
+def _default_queue(name: str) -> str | None:
+    """A task registered in this process goes to its handler's queue unless told otherwise; for
+    any other task the database picks the queue its workers declared (schema/0006).
 
     max_attempts has no such default here: left out, it is NULL and the worker that claims the row
     applies its handler's setting (schema/0003), so a deploy that changes a handler's
     max_attempts also applies to the tasks already queued.
     """
     definition: TaskDef | None = registry.get(name)
-    return DEFAULT_QUEUE if definition is None else definition.queue
+    return None if definition is None else definition.queue
 
 
 def _check_max_attempts(max_attempts: int | None) -> int | None:
@@ -62,11 +70,13 @@ def _enqueue_params(
     max_attempts: int | None,
     dedupe_key: str | None,
 ) -> dict[str, Any]:
+    when, seconds = _when(run_at, delay)
     return {
         "task": task,
         "payload": Jsonb(_check_payload({} if payload is None else payload)),
         "queue": queue or _default_queue(task),
-        "run_at": _run_at(run_at, delay),
+        "run_at": when,
+        "delay": seconds,
         "priority": priority,
         "max_attempts": _check_max_attempts(max_attempts),
         "dedupe_key": dedupe_key,
@@ -141,20 +151,32 @@ def enqueue_many(
     COPY is several times faster than INSERT for bulk loads and sends one NOTIFY in all. It cannot
     return ids or honour dedupe keys; use ``enqueue`` for those.
     """
-    when = _run_at(run_at, delay) or datetime.now(UTC)
-    row_tail = (queue or _default_queue(task), priority, when, _check_max_attempts(max_attempts))
+    when, seconds = _when(run_at, delay)
+    q = queries(schema)
+    row_tail: tuple[Any, ...] = (queue or _default_queue(task), priority)
+    row_tail += (_check_max_attempts(max_attempts),)
+    with borrow(target) as conn, conn.cursor() as cur:
+        if seconds is not None:
+            found = cur.execute(q["delayed_until"], {"delay": seconds}).fetchone()
+            assert found is not None
+            when = found[0]
+        if when is not None:
+            row_tail += (when,)
+        # Without run_at the column's default applies: the database's now(), not this clock.
+        statement = q["enqueue_copy"] if when is None else q["enqueue_copy_at"]
+        with cur.copy(statement) as copy:
+            count = _copy_rows(copy, task, payloads, row_tail)
+    return count
+
+
+def _copy_rows(copy: Any, task: str, payloads: Iterable[Any], tail: tuple[Any, ...]) -> int:
     count = 0
     dumps = json.dumps
-    with (
-        borrow(target) as conn,
-        conn.cursor() as cur,
-        cur.copy(queries(schema)["enqueue_copy"]) as copy,
-    ):
-        for payload in payloads:
-            try:
-                text = dumps({} if payload is None else payload)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"payload #{count} is not JSON-serialisable: {exc}") from None
-            copy.write_row((task, text, *row_tail))
-            count += 1
+    for payload in payloads:
+        try:
+            text = dumps({} if payload is None else payload)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"payload #{count} is not JSON-serialisable: {exc}") from None
+        copy.write_row((task, text, *tail))
+        count += 1
     return count

@@ -51,6 +51,7 @@ class Outcome:
     permanent: bool = False
     duration: float = 0.0
     acked: bool = False  # transactional handlers complete their row themselves
+    handback: bool = False  # no handler here: the row goes back uncounted (tr.hand_back)
     runner: int = -1  # which runner thread produced it
 
 

@@ -18,7 +18,7 @@ log = logging.getLogger("worker")
 
 
 class Listener:
-    def __init__(self, dsn: str, channel: str, wake: Callable[[], None]) -> None:
+    def __init__(self, dsn: str, channel: str, wake: Callable[[str | None], None]) -> None:
         self.dsn = dsn
         self.channel = channel
         self._wake = wake
@@ -42,10 +42,10 @@ class Listener:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(channel))
                     backoff = 0.5
-                    self._wake()  # rows may have come while we were not listening
+                    self._wake(None)  # rows may have come while we were not listening
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self._wake()
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                            self._wake(note.payload)  # the queues that got rows
             except psycopg.Error as exc:
                 log.info(
                     "listener disconnected (%s); polling until it reconnects", type(exc).__name__

@@ -56,6 +56,8 @@ class Maintenance:
         on_rescued: Callable[[list[tuple[int, str, str, str]]], None],
         on_cron: Callable[[int], None],
         cron: Ticker | None,
+        probe: Callable[[psycopg.Connection], None] | None = None,
+        probe_seconds: float = 1.0,
         prepare: bool = True,
     ) -> None:
         self.dsn = dsn
@@ -65,6 +67,10 @@ class Maintenance:
         self._on_rescued = on_rescued
         self._on_cron = on_cron
         self._cron = cron
+        # The claim's cursor check (Batcher.behind): it walks dead index entries, so it runs
+        # here rather than on the claim path.
+        self._probe = probe
+        self._probe_seconds = probe_seconds
         self._prepare = prepare
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,7 +101,8 @@ class Maintenance:
         due = {
             "rescue": now + random.uniform(0, cfg.rescue_seconds),
             "purge": now + random.uniform(0, cfg.purge_seconds),
-            "cron": now,
+            "cron": now if self._cron is not None else float("inf"),
+            "probe": now + self._probe_seconds if self._probe is not None else float("inf"),
         }
         backoff = 0.0
         while not self._stop.is_set():
@@ -110,6 +117,9 @@ class Maintenance:
                     if n:
                         self._on_cron(n)
                     due["cron"] = now + self._cron.interval
+                if self._probe is not None and now >= due["probe"]:
+                    self._probe(self._conn.get())
+                    due["probe"] = now + self._probe_seconds
                 if now >= due["purge"]:
                     self.purge()
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
@@ -124,7 +134,7 @@ class Maintenance:
                     log.exception("maintenance failed; retrying in %.1fs", backoff)
                 self._stop.wait(backoff)
                 continue
-            wake = min(due.values()) if self._cron is not None else min(due["rescue"], due["purge"])
+            wake = min(due.values())
             self._stop.wait(min(max(wake - time.monotonic(), 0.01), 1.0))
 
     # -- the services ------------------------------------------------------------------------------

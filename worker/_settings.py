@@ -23,7 +23,6 @@ class WorkerConfig:
     keep_failed_seconds: float = 7 * 86400.0
     cron_keep_seconds: float = 86400.0
     purge_interval: float = 60.0
-    cursor_reset_seconds: float = 1.0
     max_abandoned: int | None = None  # stuck handler threads tolerated before the process gives up
     check_schema: bool = True
     # Behind PgBouncer in transaction mode, server-side prepared statements break: turn them off.

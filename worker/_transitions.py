@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 
-from ._registry import DEFAULT_MAX_ATTEMPTS
 from ._sql import Queries
 
 # The cursor of a fresh scan: before any possible (-priority, run_at, id).
@@ -51,66 +50,106 @@ class Failure:
 class ClaimCursor:
     """Keyset position per queue: where the last claim of this worker stopped.
 
-    Starting each claim after the previous one keeps claims from walking dead index entries of rows
-    claimed earlier. Rows can appear behind the cursor (a higher priority, an earlier run_at, a
-    retry that came due, a rescued row), so the cursor goes back to the start every
-    ``reset_seconds`` and whenever a queue looks empty from where it stands.
+    Starting each claim after the previous one keeps claims from walking the dead index entries
+    of rows claimed earlier (see the claim statement). Higher and lower priorities are always
+    read from their start, and a look-back window of ``lookback`` seconds of run_at behind the
+    cursor covers rows that committed a little late (a producer's transaction, a promoted or
+    retried row). Rows further behind are found off the claim path (``behind``), which calls
+    ``reset`` for their queue. Short claims do not reset the cursor: at light load nearly every
+    claim is short, and a reset would walk every dead entry again.
     """
 
-    def __init__(self, reset_seconds: float) -> None:
-        self.reset_seconds = reset_seconds
+    def __init__(self, lookback: float) -> None:
+        self.lookback = timedelta(seconds=lookback)
         self._pos: dict[str, tuple[int, datetime, int]] = {}
-        self._since: dict[str, float] = {}
 
-    def position(self, queue: str, now: float) -> tuple[int, datetime, int]:
-        if now - self._since.get(queue, 0.0) >= self.reset_seconds:
-            self.reset(queue, now)
+    def position(self, queue: str) -> tuple[int, datetime, int]:
         return self._pos.get(queue, _CURSOR_START)
+
+    def floor(self, queue: str) -> datetime:
+        run_at = self.position(queue)[1]
+        return run_at - self.lookback if run_at > _CURSOR_START[1] + self.lookback else run_at
 
     def advance(self, queue: str, last: Claimed) -> None:
         self._pos[queue] = (-last.priority, last.run_at, last.id)
 
-    def reset(self, queue: str, now: float) -> None:
+    def reset(self, queue: str) -> None:
         self._pos.pop(queue, None)
-        self._since[queue] = now
+
+    def placed(self) -> list[str]:
+        """The queues that have a position (the others are read from their start anyway)."""
+        return list(self._pos)
+
+
+@dataclass(slots=True)
+class Promoted:
+    count: int
+    next_due_in: float | None  # seconds until the next scheduled row is due, by the db clock
+
+
+def promote(conn: psycopg.Connection, q: Queries, *, limit: int, channel: str) -> Promoted:
+    """scheduled -> queued for due rows, and when the next one is due."""
+    row = conn.execute(q["promote"], {"limit": limit, "channel": channel}).fetchone()
+    assert row is not None
+    return Promoted(int(row[0]), None if row[2] is None else float(row[2]))
 
 
 def claim(
     conn: psycopg.Connection,
     q: Queries,
     *,
-    queue: str,
+    queues: Sequence[str],
     limit: int,
     worker_id: str,
     lease_seconds: float,
-    cursor: tuple[int, datetime, int] = _CURSOR_START,
+    cursor: ClaimCursor | None = None,
     max_attempts: Mapping[str, int] | None = None,
 ) -> list[Claimed]:
-    """queued -> in_progress for up to ``limit`` due rows of ``queue``, in claim order.
+    """queued -> in_progress for up to ``limit`` due rows of ``queues`` (first queues first), in
+    claim order within each queue; one statement whatever the number of queues.
 
     ``max_attempts``: the handlers' settings by task name, for rows whose producer left
-    max_attempts to the handler (NULL); other rows get DEFAULT_MAX_ATTEMPTS.
+    max_attempts to the handler (NULL); rows of other tasks keep NULL (they are handed back).
     """
     limits = max_attempts or {}
+    cursor = cursor or ClaimCursor(0)
+    positions = [cursor.position(name) for name in queues]
     rows = conn.execute(
         q["claim"],
         {
-            "queue": queue,
+            "queues": list(queues),
             "limit": limit,
             "worker_id": worker_id,
             "lease_seconds": lease_seconds,
             "handler_tasks": list(limits),
             "handler_max_attempts": list(limits.values()),
-            "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
-            "cursor_priority": cursor[0],
-            "cursor_run_at": cursor[1],
-            "cursor_id": cursor[2],
+            "cursor_priority": [p[0] for p in positions],
+            "floor": [cursor.floor(name) for name in queues],
+            "cursor_run_at": [p[1] for p in positions],
+            "cursor_id": [p[2] for p in positions],
         },
     ).fetchall()
     claimed = [Claimed(*row) for row in rows]
     # UPDATE ... RETURNING does not keep the CTE's order; the cursor and the dispatch need it.
-    claimed.sort(key=lambda c: (-c.priority, c.run_at, c.id))
+    order = {name: i for i, name in enumerate(queues)}
+    claimed.sort(key=lambda c: (order.get(c.queue, 0), -c.priority, c.run_at, c.id))
     return claimed
+
+
+def behind(conn: psycopg.Connection, q: Queries, cursor: ClaimCursor) -> list[str]:
+    """Queues with a claimable row behind the cursor's look-back window (see ClaimCursor)."""
+    names = cursor.placed()
+    if not names:
+        return []
+    rows = conn.execute(
+        q["behind"],
+        {
+            "queues": names,
+            "cursor_priority": [cursor.position(n)[0] for n in names],
+            "floor": [cursor.floor(n) for n in names],
+        },
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 def complete(
@@ -155,6 +194,30 @@ def fail(
         },
     ).fetchall()
     return {r[0]: r[1] for r in rows}
+
+
+def hand_back(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    worker_id: str,
+    rows: Sequence[tuple[int, int, str]],
+) -> list[int]:
+    """in_progress -> scheduled, uncounted, for rows of tasks this worker has no handler for:
+    (id, attempt, error) each. Returns the ids still ours."""
+    if not rows:
+        return []
+    ids, attempts, errors = zip(*rows, strict=True)
+    found = conn.execute(
+        q["hand_back"],
+        {
+            "ids": list(ids),
+            "attempts": list(attempts),
+            "errors": list(errors),
+            "worker_id": worker_id,
+        },
+    ).fetchall()
+    return [r[0] for r in found]
 
 
 def release(

@@ -33,7 +33,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import _transitions as tr
-from ._batch import Batcher, QueueClaim, log_acknowledged
+from ._batch import Batcher, Claim, log_acknowledged
 from ._conn import OwnConnection
 from ._cron import make_ticker
 from ._errors import LostLease
@@ -77,6 +77,10 @@ class Worker:
         self.q = queries(config.schema)
         queues = config.queues or sorted({*self.registry.queues(), DEFAULT_QUEUE})
         self.queues = list(dict.fromkeys(queues))
+        # Where rows of our tasks land when their producer names no queue (schema/0006).
+        self._routes = {
+            name: d.queue for name in self.registry.names() if (d := self.registry.get(name))
+        }
         # For rows whose producer left max_attempts to the handler (see tr.claim).
         self._max_attempts = {
             name: d.max_attempts for name in self.registry.names() if (d := self.registry.get(name))
@@ -93,7 +97,8 @@ class Worker:
             lease_seconds=config.lease_seconds,
             delete_done=config.keep_done_seconds <= 0,
             max_attempts=self._max_attempts,
-            cursor_reset_seconds=config.cursor_reset_seconds,
+            poll_interval=config.poll_interval,
+            channel=notify_channel(config.schema),
         )
         self._last_claim = 0.0
         # The main thread's own connection, made again after an error (no pool backoff).
@@ -135,6 +140,7 @@ class Worker:
             on_cron=self._cron_enqueued,
             # Never offer a slot older than cron rows are kept: a purged slot could run again.
             cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
+            probe=self._probe,
             prepare=config.prepare,
         )
         # Wall-clock marks for the benchmark: first claim, last acknowledgement, tasks done.
@@ -181,12 +187,14 @@ class Worker:
                     "pid": os.getpid(),
                     "queues": self.queues,
                     "concurrency": cfg.concurrency,
+                    "tasks": list(self._routes),
+                    "task_queues": list(self._routes.values()),
                 },
             )
             services: list[Any] = [self.executor, self.lease, self.maintenance]
             if cfg.listen:
                 channel = notify_channel(cfg.schema)
-                wake = lambda: self._events.put(_WAKE)  # noqa: E731
+                wake = lambda payload: self._events.put(("notify", payload))  # noqa: E731
                 services.append(Listener(cfg.listen_dsn or cfg.dsn, channel, wake))
             for service in services:
                 service.start()
@@ -224,11 +232,15 @@ class Worker:
         more = True  # the last claim came back full: claim again without waiting
         while not self._stop.is_set():
             wait = 0.0 if more else self._wait_time()
-            woken = self._collect(block=wait > 0, timeout=wait)
+            self._collect(block=wait > 0, timeout=wait)
             try:
                 now = time.monotonic()
                 self._check_deadlines(now)
-                ready = self._ready_to_claim() and not self._stop.is_set()
+                ready = (
+                    self._ready_to_claim()
+                    and not self._stop.is_set()
+                    and self.batcher.wants_claim(now)
+                )
                 pending = self.table.pending
                 if (
                     pending
@@ -243,9 +255,6 @@ class Worker:
                 more = False
                 if ready:
                     claimed, more = self._claim()
-                    if woken and claimed == 0:
-                        # A NOTIFY may announce rows behind our cursor (a higher priority, say).
-                        self.batcher.reset_cursors(now)
                     if cfg.burst and claimed == 0 and not self.table:
                         break
                 self._touch(now)
@@ -310,6 +319,8 @@ class Worker:
         deadline = self.table.next_deadline()
         if deadline is not None:
             wait = min(wait, max(deadline - now, 0.0) + 0.01)
+        if self._ready_to_claim():  # else a past poll deadline would make this loop spin
+            wait = min(wait, max(self.batcher.next_deadline() - now, 0.0))
         return max(wait, 0.001)
 
     def _collect(self, *, block: bool, timeout: float) -> bool:
@@ -320,11 +331,16 @@ class Worker:
         except queue_mod.Empty:
             return False
         while True:
-            if item is _WAKE:
-                woken = True
-            elif isinstance(item, Outcome):
+            if isinstance(item, Outcome):
                 with self._hooks_lock:  # hooks hear one thread at a time (see counted)
                     self._record(item)
+            elif item is _WAKE:
+                woken = True
+            elif item[0] == "notify":
+                woken = self.batcher.notified(item[1]) or woken
+            elif item[0] == "behind":
+                self.batcher.reset(item[1])
+                woken = True
             elif item[0] == "started":
                 self.table.started(*item[1:])
             elif item[0] == "lost":
@@ -437,20 +453,21 @@ class Worker:
         conn = self._conn.get()
         free = self.config.concurrency - self.table.active() if claim else 0
         acking = self.table.take_pending()
-        claims: list[QueueClaim] = []
+        got: Claim | None = None
+        now = time.monotonic()
         if claim:
-            self._last_claim = time.monotonic()
+            self._last_claim = now
         try:
             with self.counted(conn):
                 kept, states = self.batcher.acknowledge(conn, acking)
-                if free > 0:
-                    claims = self.batcher.claim(conn, free)
+                if claim:
+                    got = self.batcher.claim(conn, free, now)
                 self._report_acked(acking, kept, states)
-                for c in claims:
-                    if c.rows:
-                        self.hooks.claimed(self, c.rows)
+                if got is not None and got.rows:
+                    self.hooks.claimed(self, got.rows)
         except BaseException:
             self.table.unack(acking)  # not acknowledged: they wait for the next transaction
+            self.batcher.rolled_back(got)
             raise
         for job in acking:
             self.table.forget(job)
@@ -458,15 +475,13 @@ class Worker:
         if completed:
             self.done_count += completed
             self.last_ack = time.time()
-        full = self.batcher.committed(claims)
-        total = 0
-        for c in claims:
-            if c.rows:
-                if self.first_claim is None:
-                    self.first_claim = time.time()
-                self._dispatch(c.rows)
-                total += len(c.rows)
-        return total, full
+        full = self.batcher.committed(got)
+        if got is None or not got.rows:
+            return 0, full
+        if self.first_claim is None:
+            self.first_claim = time.time()
+        self._dispatch(got.rows)
+        return len(got.rows), full
 
     def _report_acked(self, jobs: list[Job], kept: set[int], states: dict[int, str]) -> None:
         """Inside the acknowledging transaction: tell the hooks what it changed."""
@@ -481,14 +496,17 @@ class Worker:
             definition = self.registry.get(c.task)
             job = self.table.add(c, definition or _UNKNOWN, now)
             if definition is None:
+                # Not this worker's to fail: an older worker in a rolling deploy, or a typo. The
+                # row goes back uncounted, later each time, until a worker that has it comes.
                 known = ", ".join(self.registry.names()) or "none"
                 name = display(c.task)
                 error = (
-                    f"UnknownTask: no handler named '{name}' is registered in this worker "
-                    f"(known: {known[:1000]}); check the task name or deploy a worker that has it"
+                    f"UnknownTask: no handler named '{name}' in worker {self.id[:8]} "
+                    f"(known: {known[:1000]}); handed back without counting the attempt, until "
+                    "a worker that has the handler takes it"
                 )
                 job.state = State.RUNNING
-                self._record(Outcome(job.token, ok=False, error=error))
+                self._record(Outcome(job.token, ok=False, error=error, handback=True))
                 continue
             try:
                 # Each payload on its own, after the claim committed: one that cannot be decoded
@@ -506,10 +524,16 @@ class Worker:
                 continue
             self.executor.submit(job)
 
+    def _probe(self, conn: psycopg.Connection) -> None:
+        """On the maintenance thread: queues with rows committed behind the claim's cursor."""
+        names = tr.behind(conn, self.q, self.batcher.cursor)
+        if names:
+            self._events.put(("behind", names))
+
     def _rescued(self, rows: list[tuple[int, str, str, str]]) -> None:
         """On the maintenance thread, inside the rescue's counted transaction."""
         self.hooks.rescued(self, rows)
-        self._events.put(_WAKE)  # rescued rows are due now: claim them without waiting a poll
+        self._events.put(("notify", None))  # rescued rows are due now: claim them at once
 
     def _cron_enqueued(self, n: int) -> None:
         with self._hooks_lock:

@@ -4,44 +4,131 @@
 
 -- name: enqueue
 -- One task through the SQL function, so Python and SQL producers share the dedupe logic.
+-- A delay counts from the database's clock (now()), never the producer's.
 SELECT {schema}.enqueue(
-    task => %(task)s, payload => %(payload)s, queue => %(queue)s, run_at => %(run_at)s,
+    task => %(task)s, payload => %(payload)s, queue => %(queue)s,
+    run_at => coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
     priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s
 ) AS id;
 
 -- name: enqueue_copy
 -- Bulk enqueue: COPY skips per-row parsing and planning; the statement trigger sends one NOTIFY.
-COPY {schema}.tasks (task, payload, queue, priority, run_at, max_attempts) FROM STDIN;
+-- run_at is left to its default, the database's now(). A NULL queue is routed (schema/0006).
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts) FROM STDIN;
 
--- name: claim
--- Take up to `limit` due tasks of one queue and make them ours in one statement. SKIP LOCKED lets
--- concurrent workers take different rows without waiting on each other. The predicate is exactly
--- the claim index's, and the keyset cursor (cursor_*) starts the scan after the last row this
--- worker claimed, so claims do not walk again the dead index entries left behind them (they pile
--- up whenever a long transaction elsewhere holds vacuum back). The lease is set by the database
--- clock, so clock skew between machines does not matter.
-WITH picked AS (
+-- name: enqueue_copy_at
+-- The same, for rows that run at a given time (a delay was added to delayed_until first).
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at) FROM STDIN;
+
+-- name: delayed_until
+-- A delay counts from the database's clock, not the producer's.
+SELECT now() + make_interval(secs => %(delay)s) AS run_at;
+
+-- name: promote
+-- Scheduled rows that are due become claimable. Any worker runs this (no leader): SKIP LOCKED keeps
+-- concurrent promoters on different rows. It runs in the claiming transaction, just before the
+-- claim, which therefore sees the rows it promoted. It says how many it promoted, in which queues
+-- (to wake the workers of other queues), and how long until the next scheduled row is due.
+WITH due AS (
     SELECT id
       FROM {schema}.tasks
-     WHERE state = 'queued'
-       AND queue = %(queue)s
+     WHERE state = 'scheduled'
        AND run_at <= now()
-       AND ((-priority), run_at, id) > (%(cursor_priority)s, %(cursor_run_at)s, %(cursor_id)s)
-     ORDER BY (-priority), run_at, id
+     ORDER BY run_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.tasks AS t
+       SET state = 'queued'
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING t.queue
+), names AS (
+    SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n
+      FROM (SELECT queue, count(*) AS n FROM moved GROUP BY queue LIMIT 50) AS g
+)
+SELECT coalesce(names.n, 0) AS promoted,
+       CASE WHEN names.n > 0
+            THEN pg_notify(%(channel)s, CASE WHEN octet_length(names.list) > 7000 THEN ''
+                                             ELSE names.list END)::text END AS notified,
+       extract(epoch FROM (SELECT min(run_at) FROM {schema}.tasks
+                            WHERE state = 'scheduled' AND run_at > now()) - now())::float8
+           AS next_due_in
+  FROM names;
+
+-- name: claim
+-- Take up to `limit` rows of the given queues, in that order of queues, and make them ours in one
+-- statement, whatever the number of queues. SKIP LOCKED lets concurrent workers take different
+-- rows without waiting on each other. The lease is set by the database clock, so clock skew
+-- between machines does not matter.
+--
+-- Only due rows are in the claim index (delayed ones wait as 'scheduled'), so a claim reads the
+-- first entries of each queue and stops. Dead entries are the other thing a scan can walk: rows
+-- claimed since the last vacuum leave them at the front of the queue's range, and they pile up
+-- while a long transaction elsewhere holds vacuum back. So each queue is read from where this
+-- worker's last claim stopped (cursor_run_at, cursor_id, within its priority cursor_priority),
+-- plus a look-back window (floor .. cursor) for rows that committed late, in four ranges that
+-- together are the whole queue in claim order:
+--   1. higher priorities than the cursor's, from their start;
+--   2. the cursor's priority, run_at in [floor, cursor_run_at);
+--   3. the cursor's priority, after the cursor;
+--   4. lower priorities, from their start.
+-- A row that commits later than the look-back window behind the cursor is found by `behind`
+-- (run by the maintenance thread), which sends this worker back to the start of that queue.
+WITH picked AS (
+    SELECT c.id
+      FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
+                  %(floor)s::timestamptz[], %(cursor_run_at)s::timestamptz[],
+                  %(cursor_id)s::bigint[]) AS q(name, neg_priority, floor, run_at, id)
+     CROSS JOIN LATERAL (
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) < q.neg_priority
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS higher
+        UNION ALL
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
+               AND run_at >= q.floor AND run_at < q.run_at
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS late
+        UNION ALL
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
+               AND (run_at, id) > (q.run_at, q.id)
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS after
+        UNION ALL
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) > q.neg_priority
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS lower
+        LIMIT %(limit)s
+     ) AS c
+     LIMIT %(limit)s
 )
 UPDATE {schema}.tasks AS t
    SET state = 'in_progress',
        attempts = t.attempts + 1,
        -- NULL: the producer left it to the handler (schema/0003); this worker's handlers say.
+       -- A task this worker has no handler for keeps NULL: it is handed back (hand_back) and
+       -- its own handler decides later.
        max_attempts = coalesce(
            t.max_attempts,
            (SELECT h.max_attempts
               FROM unnest(%(handler_tasks)s::text[], %(handler_max_attempts)s::integer[])
                    AS h(task, max_attempts)
-             WHERE h.task = t.task),
-           %(default_max_attempts)s),
+             WHERE h.task = t.task)),
        worker_id = %(worker_id)s,
        started_at = now(),
        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
@@ -59,6 +146,19 @@ RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, 
           now() AS claimed_at,
           -- For the metrics journal (worker/_journal.py): saves it a round trip per batch.
           pg_current_xact_id()::text AS xid;
+
+-- name: behind
+-- The queues (of those given) with a claimable row that committed further behind this worker's
+-- cursor than the claim's look-back window: a producer transaction that ran long, or a run_at set
+-- in the past. Read by the maintenance thread, off the claim path, since this walks the dead
+-- entries the claim avoids.
+SELECT q.name
+  FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[], %(floor)s::timestamptz[])
+       AS q(name, neg_priority, floor)
+ WHERE EXISTS (
+    SELECT 1 FROM {schema}.tasks
+     WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
+       AND run_at < q.floor);
 
 -- name: complete
 -- Mark finished tasks done in one statement per batch. Fencing: only the owner's current attempt
@@ -96,7 +196,8 @@ RETURNING t.id;
 -- retry or the row has used its attempts (its own max_attempts, which an operator may have raised).
 UPDATE {schema}.tasks AS t
    SET state = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
-                    THEN 'failed'::{schema}.task_state ELSE 'queued' END,
+                    THEN 'failed'::{schema}.task_state
+                    WHEN a.delay > 0 THEN 'scheduled' ELSE 'queued' END,
        run_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
                      THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
        finished_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts THEN now() END,
@@ -110,6 +211,25 @@ UPDATE {schema}.tasks AS t
    AND t.worker_id = %(worker_id)s
    AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
 RETURNING t.id, t.state::text AS state;
+
+-- name: hand_back
+-- Rows this worker has no handler for (an old worker during a rolling deploy, a typo in a task
+-- name): back to 'scheduled' without counting the attempt, later each time (5 s, 10 s, 20 s, ...
+-- up to 10 minutes), with an error that says why. A worker that has the handler takes them at
+-- once when it starts (workers.sql, register).
+UPDATE {schema}.tasks AS t
+   SET state = 'scheduled', attempts = greatest(t.attempts - 1, 0),
+       run_at = now() + make_interval(secs => least(5 * power(2, least(t.handed_back, 10)), 600)),
+       handed_back = t.handed_back + 1, last_error = a.error,
+       started_at = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
+       AS a(id, attempt, error)
+ WHERE t.id = ANY(%(ids)s::bigint[])  -- primary-key look-ups; the join below only fences
+   AND t.id = a.id
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id;
 
 -- name: release
 -- Graceful stop: hand back tasks that did not finish within the grace period. The interrupted
