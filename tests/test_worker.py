@@ -175,8 +175,7 @@ def test_unknown_task_is_handed_back_uncounted_until_a_worker_with_its_handler_c
     assert row["attempts"] == 0
     assert "no handler named 'new_task'" in row["error"] and "known" in row["error"]
     delay = conn.execute(
-        f"SELECT extract(epoch FROM run_at - now()), handed_back FROM {schema}.tasks"
-        " WHERE id = %s",
+        f"SELECT extract(epoch FROM run_at - now()), handed_back FROM {schema}.tasks WHERE id = %s",
         (task_id,),
     ).fetchone()
     assert delay is not None and 3 < delay[0] <= 5 and delay[1] == 1, delay
@@ -184,10 +183,12 @@ def test_unknown_task_is_handed_back_uncounted_until_a_worker_with_its_handler_c
     conn.execute(f"UPDATE {schema}.tasks SET run_at = now() WHERE id = %s", (task_id,))
     with thread_worker(old):
         wait_until(
-            lambda: conn.execute(
-                f"SELECT handed_back FROM {schema}.tasks WHERE id = %s", (task_id,)
-            ).fetchone()
-            == (2,)
+            lambda: (
+                conn.execute(
+                    f"SELECT handed_back FROM {schema}.tasks WHERE id = %s", (task_id,)
+                ).fetchone()
+                == (2,)
+            )
         )
     delay = conn.execute(
         f"SELECT extract(epoch FROM run_at - now()), attempts, state::text FROM {schema}.tasks"

@@ -67,8 +67,9 @@ class Batcher:
         self.max_attempts = dict(max_attempts)
         self.poll_interval = poll_interval
         self.channel = channel
-        # Rows that commit up to this far behind the cursor are still found by the claim.
-        self.cursor = tr.ClaimCursor(max(2.0, 2 * poll_interval))
+        # Rows that commit up to this far behind the cursor are still found by the claim (and
+        # promotion, which runs when the next row is due, is seldom later than that).
+        self.cursor = tr.ClaimCursor(1.0, rows=2 * batch_size)
         self._hot: set[str] = set(self.queues)
         self._poll_at = 0.0  # monotonic time of the next claim over every queue
         self._promote_at = 0.0  # monotonic time of the next promotion
@@ -166,11 +167,11 @@ class Batcher:
         claim came back full (more may wait)."""
         if claim is None:
             return False
-        last: dict[str, tr.Claimed] = {}
-        for row in claim.rows:
-            last[row.queue] = row  # rows come in claim order within each queue
-        for name, row in last.items():
-            self.cursor.advance(name, row)
+        by_queue: dict[str, list[tr.Claimed]] = {}
+        for row in claim.rows:  # in claim order within each queue
+            by_queue.setdefault(row.queue, []).append(row)
+        for name, rows in by_queue.items():
+            self.cursor.advance(name, rows)
         full = len(claim.rows) >= claim.limit
         self._hot.difference_update(claim.queues)
         if full:

@@ -155,7 +155,8 @@ def enqueue_many(
     q = queries(schema)
     row_tail: tuple[Any, ...] = (queue or _default_queue(task), priority)
     row_tail += (_check_max_attempts(max_attempts),)
-    with borrow(target) as conn, conn.cursor() as cur:
+    # One transaction: the delay counts from the same now() as the rows' created_at.
+    with borrow(target) as conn, conn.transaction(), conn.cursor() as cur:
         if seconds is not None:
             found = cur.execute(q["delayed_until"], {"delay": seconds}).fetchone()
             assert found is not None

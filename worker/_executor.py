@@ -34,7 +34,11 @@ MakeContext = Callable[[Job], Context]
 
 
 class Executor:
-    """``concurrency`` runner threads, plus replacements for retired ones."""
+    """Up to ``concurrency`` runner threads, plus replacements for retired ones.
+
+    Threads start when work needs them (a job waits and no runner is idle), so a large
+    concurrency costs nothing until the queue is busy enough to use it.
+    """
 
     def __init__(
         self,
@@ -52,14 +56,22 @@ class Executor:
         self._threads: dict[int, threading.Thread] = {}
         self._retired: set[int] = set()
         self._next = 0
+        self._idle = 0  # runners waiting for work
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        for _ in range(self.concurrency):
-            self._start_runner()
+        """Runners start with the first jobs (see submit)."""
 
     def submit(self, job: Job) -> None:
+        with self._lock:
+            # An idle runner is reserved for this job as it is queued, so the count is exact
+            # however the threads interleave: no job waits while a slot could start a thread.
+            grow = self._idle == 0 and len(self._threads) - len(self._retired) < self.concurrency
+            if not grow:
+                self._idle = max(self._idle - 1, 0)
         self._work.put(job)
+        if grow:
+            self._start_runner(reserved=True)
 
     def retire(self, runner: int) -> None:
         """The runner's job is past its timeout: write the thread off and start another."""
@@ -84,20 +96,28 @@ class Executor:
 
     # -- the runner thread -------------------------------------------------------------------------
 
-    def _start_runner(self) -> None:
+    def _start_runner(self, *, reserved: bool = False) -> None:
+        """``reserved``: a job was queued for this runner (it is not idle when it starts)."""
         with self._lock:
             number = self._next
             self._next += 1
             t = threading.Thread(
-                target=self._run, args=(number,), name=f"worker-run-{number}", daemon=True
+                target=self._run,
+                args=(number, reserved),
+                name=f"worker-run-{number}",
+                daemon=True,
             )
             self._threads[number] = t
         t.start()
 
-    def _run(self, number: int) -> None:
+    def _run(self, number: int, reserved: bool) -> None:
         loop: asyncio.AbstractEventLoop | None = None
         try:
             while True:
+                if not reserved:
+                    with self._lock:
+                        self._idle += 1  # taken back by the submit that hands us a job
+                reserved = False
                 job = self._work.get()
                 if job is None:
                     return

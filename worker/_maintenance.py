@@ -25,8 +25,12 @@ from . import _transitions as tr
 from ._conn import OwnConnection
 from ._cron import Ticker
 from ._sql import Queries
+from ._vacuum import Vacuumer
 
 log = logging.getLogger("worker")
+
+# Bounds how long one maintenance statement may hold the thread up (a vacuum gets longer).
+_STATEMENT_TIMEOUT_MS = 10_000
 
 # Runs a transaction whose events the worker's hooks hear (see Worker.counted).
 Counted = Callable[[psycopg.Connection], contextlib.AbstractContextManager[None]]
@@ -58,6 +62,7 @@ class Maintenance:
         cron: Ticker | None,
         probe: Callable[[psycopg.Connection], None] | None = None,
         probe_seconds: float = 1.0,
+        vacuum: Vacuumer | None = None,
         prepare: bool = True,
     ) -> None:
         self.dsn = dsn
@@ -71,6 +76,7 @@ class Maintenance:
         # here rather than on the claim path.
         self._probe = probe
         self._probe_seconds = probe_seconds
+        self._vacuum = vacuum
         self._prepare = prepare
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,7 +85,7 @@ class Maintenance:
             dsn,
             name="worker-maintenance",
             prepare=prepare,
-            timeout_ms=10_000,
+            timeout_ms=_STATEMENT_TIMEOUT_MS,
             timeout_query=q["session_statement_timeout"],
         )
 
@@ -103,6 +109,7 @@ class Maintenance:
             "purge": now + random.uniform(0, cfg.purge_seconds),
             "cron": now if self._cron is not None else float("inf"),
             "probe": now + self._probe_seconds if self._probe is not None else float("inf"),
+            "vacuum": now + self._vacuum.interval if self._vacuum is not None else float("inf"),
         }
         backoff = 0.0
         while not self._stop.is_set():
@@ -120,6 +127,9 @@ class Maintenance:
                 if self._probe is not None and now >= due["probe"]:
                     self._probe(self._conn.get())
                     due["probe"] = now + self._probe_seconds
+                if self._vacuum is not None and now >= due["vacuum"]:
+                    self._vacuum.tick(self._conn.get(), _STATEMENT_TIMEOUT_MS)
+                    due["vacuum"] = now + self._vacuum.interval
                 if now >= due["purge"]:
                     self.purge()
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)

@@ -6,6 +6,7 @@ hot path. All of them fence on (worker id, attempt): a worker can only move rows
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ import psycopg
 
 from ._sql import Queries
 
+_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 # The cursor of a fresh scan: before any possible (-priority, run_at, id).
 _CURSOR_START: tuple[int, datetime, int] = (
     -(10**9),
@@ -48,37 +50,54 @@ class Failure:
 
 
 class ClaimCursor:
-    """Keyset position per queue: where the last claim of this worker stopped.
+    """Keyset position per queue: where the next claim of this worker starts (its floor).
 
-    Starting each claim after the previous one keeps claims from walking the dead index entries
-    of rows claimed earlier (see the claim statement). Higher and lower priorities are always
-    read from their start, and a look-back window of ``lookback`` seconds of run_at behind the
-    cursor covers rows that committed a little late (a producer's transaction, a promoted or
-    retried row). Rows further behind are found off the claim path (``behind``), which calls
-    ``reset`` for their queue. Short claims do not reset the cursor: at light load nearly every
-    claim is short, and a reset would walk every dead entry again.
+    Starting each claim near where the previous one stopped keeps claims from walking the dead
+    index entries of rows claimed earlier (see the claim statement). The floor trails the last
+    claimed row by a look-back, for rows that committed a little late (a producer's transaction,
+    a promoted or retried row): ``lookback`` seconds of run_at, but never more than the last
+    ``rows`` rows this worker claimed, so that draining a backlog (where thousands of rows share
+    a run_at) does not re-read thousands of dead entries per claim. Higher and lower priorities
+    are always read from their start. Rows further behind are found off the claim path
+    (``behind``), which calls ``reset``. Short claims do not reset the cursor: at light load
+    nearly every claim is short, and a reset would walk every dead entry again.
     """
 
-    def __init__(self, lookback: float) -> None:
+    def __init__(self, lookback: float, rows: int = 1000) -> None:
         self.lookback = timedelta(seconds=lookback)
-        self._pos: dict[str, tuple[int, datetime, int]] = {}
+        self.rows = rows
+        self._last: dict[str, tuple[int, datetime, int]] = {}
+        self._recent: dict[str, deque[tuple[datetime, int]]] = {}
 
     def position(self, queue: str) -> tuple[int, datetime, int]:
-        return self._pos.get(queue, _CURSOR_START)
+        """(-priority, run_at, id) of the floor: the claim reads this priority from there."""
+        last = self._last.get(queue)
+        if last is None:
+            return _CURSOR_START
+        neg_priority, run_at, _ = last
+        floor = (run_at - self.lookback, 0) if run_at > _EARLIEST + self.lookback else (run_at, 0)
+        recent = self._recent[queue]
+        if len(recent) == recent.maxlen:
+            floor = max(floor, recent[0])
+        return (neg_priority, *floor)
 
-    def floor(self, queue: str) -> datetime:
-        run_at = self.position(queue)[1]
-        return run_at - self.lookback if run_at > _CURSOR_START[1] + self.lookback else run_at
-
-    def advance(self, queue: str, last: Claimed) -> None:
-        self._pos[queue] = (-last.priority, last.run_at, last.id)
+    def advance(self, queue: str, rows: Sequence[Claimed]) -> None:
+        """``rows``: this queue's rows of one claim, in claim order."""
+        last = rows[-1]
+        prev = self._last.get(queue)
+        recent = self._recent.get(queue)
+        if recent is None or prev is None or prev[0] != -last.priority:
+            recent = self._recent[queue] = deque(maxlen=self.rows)
+        recent.extend((r.run_at, r.id) for r in rows if r.priority == last.priority)
+        self._last[queue] = (-last.priority, last.run_at, last.id)
 
     def reset(self, queue: str) -> None:
-        self._pos.pop(queue, None)
+        self._last.pop(queue, None)
+        self._recent.pop(queue, None)
 
     def placed(self) -> list[str]:
         """The queues that have a position (the others are read from their start anyway)."""
-        return list(self._pos)
+        return list(self._last)
 
 
 @dataclass(slots=True)
@@ -124,9 +143,8 @@ def claim(
             "handler_tasks": list(limits),
             "handler_max_attempts": list(limits.values()),
             "cursor_priority": [p[0] for p in positions],
-            "floor": [cursor.floor(name) for name in queues],
-            "cursor_run_at": [p[1] for p in positions],
-            "cursor_id": [p[2] for p in positions],
+            "floor_run_at": [p[1] for p in positions],
+            "floor_id": [p[2] for p in positions],
         },
     ).fetchall()
     claimed = [Claimed(*row) for row in rows]
@@ -141,12 +159,14 @@ def behind(conn: psycopg.Connection, q: Queries, cursor: ClaimCursor) -> list[st
     names = cursor.placed()
     if not names:
         return []
+    positions = [cursor.position(n) for n in names]
     rows = conn.execute(
         q["behind"],
         {
             "queues": names,
-            "cursor_priority": [cursor.position(n)[0] for n in names],
-            "floor": [cursor.floor(n) for n in names],
+            "cursor_priority": [p[0] for p in positions],
+            "floor_run_at": [p[1] for p in positions],
+            "floor_id": [p[2] for p in positions],
         },
     ).fetchall()
     return [r[0] for r in rows]

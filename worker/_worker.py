@@ -48,6 +48,7 @@ from ._registry import DEFAULT_QUEUE, Context, Registry, TaskDef, registry
 from ._settings import WorkerConfig
 from ._sql import notify_channel, queries
 from ._supervisor import LIVENESS_ENV, WORKER_ID_ENV
+from ._vacuum import Vacuumer
 
 log = logging.getLogger("worker")
 
@@ -141,6 +142,7 @@ class Worker:
             # Never offer a slot older than cron rows are kept: a purged slot could run again.
             cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
             probe=self._probe,
+            vacuum=Vacuumer(self.q, config.schema),
             prepare=config.prepare,
         )
         # Wall-clock marks for the benchmark: first claim, last acknowledgement, tasks done.

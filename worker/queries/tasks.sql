@@ -64,21 +64,20 @@ SELECT coalesce(names.n, 0) AS promoted,
 -- Only due rows are in the claim index (delayed ones wait as 'scheduled'), so a claim reads the
 -- first entries of each queue and stops. Dead entries are the other thing a scan can walk: rows
 -- claimed since the last vacuum leave them at the front of the queue's range, and they pile up
--- while a long transaction elsewhere holds vacuum back. So each queue is read from where this
--- worker's last claim stopped (cursor_run_at, cursor_id, within its priority cursor_priority),
--- plus a look-back window (floor .. cursor) for rows that committed late, in four ranges that
--- together are the whole queue in claim order:
+-- while a long transaction elsewhere holds vacuum back. So each queue is read from a little
+-- before where this worker's last claim stopped: the floor (floor_run_at, floor_id, within the
+-- priority cursor_priority) trails the last claimed row by a short look-back (see ClaimCursor)
+-- for rows that committed late. Three ranges together are the whole queue in claim order:
 --   1. higher priorities than the cursor's, from their start;
---   2. the cursor's priority, run_at in [floor, cursor_run_at);
---   3. the cursor's priority, after the cursor;
---   4. lower priorities, from their start.
--- A row that commits later than the look-back window behind the cursor is found by `behind`
--- (run by the maintenance thread), which sends this worker back to the start of that queue.
+--   2. the cursor's priority, from the floor;
+--   3. lower priorities, from their start.
+-- A row that commits further behind than the floor is found by `behind` (run by the
+-- maintenance thread), which sends this worker back to the start of that queue.
 WITH picked AS (
     SELECT c.id
       FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
-                  %(floor)s::timestamptz[], %(cursor_run_at)s::timestamptz[],
-                  %(cursor_id)s::bigint[]) AS q(name, neg_priority, floor, run_at, id)
+                  %(floor_run_at)s::timestamptz[], %(floor_id)s::bigint[])
+           AS q(name, neg_priority, run_at, id)
      CROSS JOIN LATERAL (
         SELECT id FROM (
             SELECT id FROM {schema}.tasks
@@ -91,20 +90,11 @@ WITH picked AS (
         SELECT id FROM (
             SELECT id FROM {schema}.tasks
              WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
-               AND run_at >= q.floor AND run_at < q.run_at
+               AND (run_at, id) >= (q.run_at, q.id)
                AND run_at <= now()
              ORDER BY (-priority), run_at, id
              LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED) AS late
-        UNION ALL
-        SELECT id FROM (
-            SELECT id FROM {schema}.tasks
-             WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
-               AND (run_at, id) > (q.run_at, q.id)
-               AND run_at <= now()
-             ORDER BY (-priority), run_at, id
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED) AS after
+               FOR UPDATE SKIP LOCKED) AS current
         UNION ALL
         SELECT id FROM (
             SELECT id FROM {schema}.tasks
@@ -153,12 +143,13 @@ RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, 
 -- in the past. Read by the maintenance thread, off the claim path, since this walks the dead
 -- entries the claim avoids.
 SELECT q.name
-  FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[], %(floor)s::timestamptz[])
-       AS q(name, neg_priority, floor)
+  FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
+              %(floor_run_at)s::timestamptz[], %(floor_id)s::bigint[])
+       AS q(name, neg_priority, run_at, id)
  WHERE EXISTS (
     SELECT 1 FROM {schema}.tasks
      WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
-       AND run_at < q.floor);
+       AND (run_at, id) < (q.run_at, q.id));
 
 -- name: complete
 -- Mark finished tasks done in one statement per batch. Fencing: only the owner's current attempt

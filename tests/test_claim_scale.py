@@ -1,0 +1,275 @@
+"""The claim at scale (issue 11): its cost does not grow with delayed rows, dead entries or the
+number of queues served; rows behind the cursor are still found; notifications only for rows
+that can run; delays by the database clock."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import psycopg
+from conftest import states, wait_until
+from psycopg import sql
+
+import worker
+from worker import _transitions as tr
+from worker._batch import Batcher
+from worker._sql import notify_channel, queries
+
+
+def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the worker's claim statement, rolled back."""
+    q = queries(schema)
+    values = {
+        "queues": ["q"],
+        "limit": 10,
+        "worker_id": "00000000-0000-0000-0000-000000000001",
+        "lease_seconds": 30,
+        "handler_tasks": [],
+        "handler_max_attempts": [],
+        "cursor_priority": [-(10**9)],
+        "floor_run_at": ["0001-01-01T00:00:00+00"],
+        "floor_id": [0],
+    }
+    values.update(params)
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + q["claim"], values
+        ).fetchone()
+    assert row is not None
+    return row[0][0]
+
+
+def _buffers(plan: dict[str, Any]) -> int:
+    top = plan["Plan"]
+    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+
+
+def test_delayed_rows_cost_the_claim_nothing(conn: psycopg.Connection, schema: str) -> None:
+    """200k rows delayed by a day, in the claimed queue and at a higher priority: the claim of
+    the one due row reads about as many buffers as on a table with no delayed rows. (Before,
+    delayed rows were in the claim index and each short claim walked all of them.)"""
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('due', 'q')")
+    base = _buffers(_claim_plan(conn, schema))
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, priority, run_at)"
+        " SELECT 'later', 'q', 5, now() + interval '1 day' FROM generate_series(1, 200000)"
+    )
+    conn.execute(f"VACUUM ANALYZE {schema}.tasks")
+    assert states(conn, schema) == {"scheduled": 200000, "queued": 1}
+    plan = _claim_plan(conn, schema)
+    assert _buffers(plan) <= base + 10, (base, _buffers(plan))
+    assert plan["Plan"]["Actual Rows"] == 1
+
+
+def test_due_scheduled_rows_are_promoted_and_run(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """A delayed task runs once due (promoted by the worker, no leader), a retry with a backoff
+    waits as scheduled, and both finish done."""
+    reg = worker.Registry()
+    seen: list[str] = []
+    reg.task("later")(lambda p: seen.append("later"))
+    task_id = worker.enqueue(conn, "later", delay=1.0, schema=schema)
+    assert conn.execute(
+        f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (task_id,)
+    ).fetchone() == ("scheduled",)
+    started = time.monotonic()
+    with thread_worker(reg, poll_interval=5.0):
+        wait_until(lambda: seen == ["later"], timeout=10)
+    # Due after 1 s; the worker knew when (the promotion says when the next row is due), so
+    # it did not wait for its 5 s poll.
+    assert time.monotonic() - started < 4
+
+
+def test_a_delay_counts_from_the_database_clock(conn: psycopg.Connection, schema: str) -> None:
+    """delay= is added to the database's now(), not the producer's clock: run_at - created_at is
+    exactly the delay, for enqueue and for enqueue_many (whose COPY cannot compute it)."""
+    one = worker.enqueue(conn, "t", delay=90, schema=schema)
+    worker.enqueue_many(conn, "t", [{"n": 1}, {"n": 2}], delay=45.5, schema=schema)
+    rows = conn.execute(
+        f"SELECT id, extract(epoch FROM run_at - created_at)::float8 FROM {schema}.tasks"
+        " ORDER BY id"
+    ).fetchall()
+    assert rows[0] == (one, 90.0)
+    assert [r[1] for r in rows[1:]] == [45.5, 45.5]
+
+
+def test_notifications_only_for_rows_that_can_run(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """A dedupe hit and a delayed row wake nobody; a runnable row notifies with its queue."""
+    worker.enqueue(conn, "t", queue="mail", dedupe_key="k", schema=schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{notify_channel(schema)}"')
+        worker.enqueue(conn, "t", queue="mail", dedupe_key="k", schema=schema)  # a hit
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, dedupe_key) VALUES ('t', 'mail', 'k')"
+            " ON CONFLICT DO NOTHING"
+        )
+        worker.enqueue(conn, "t", queue="mail", delay=3600, schema=schema)
+        assert list(listener.notifies(timeout=0.5)) == []
+        worker.enqueue(conn, "t", queue="reports", schema=schema)
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        assert got == ["reports"]
+
+
+def test_a_notification_claims_only_the_queues_it_names(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A worker serving 200 queues reads one statement per wake-up, over the named queues only;
+    every queue once per poll interval."""
+    names = [f"q{i}" for i in range(200)]
+    b = Batcher(
+        queries(schema),
+        "00000000-0000-0000-0000-000000000002",
+        queues=names,
+        batch_size=10,
+        lease_seconds=30,
+        delete_done=False,
+        max_attempts={},
+        poll_interval=60.0,
+        channel=notify_channel(schema),
+    )
+    now = time.monotonic()
+    with conn.transaction():
+        first = b.claim(conn, 10, now)  # the first claim reads every queue
+    assert first is not None and sorted(first.queues) == sorted(names)
+    b.committed(first)
+    assert not b.wants_claim(now + 1)
+    worker.enqueue(conn, "t", queue="q7", schema=schema)
+    assert b.notified("q7,not_mine")
+    assert not b.notified("not_mine")
+    with conn.transaction():
+        got = b.claim(conn, 10, now + 1)
+    assert got is not None and got.queues == ["q7"] and [r.queue for r in got.rows] == ["q7"]
+    b.committed(got)
+    assert not b.wants_claim(now + 2) and b.wants_claim(now + 61)
+
+
+def test_a_row_committed_far_behind_the_cursor_is_still_claimed(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """The claim starts after its cursor (plus a short look-back), so a row that appears far
+    behind it (here a run_at an hour in the past, as a long producer transaction or an explicit
+    time gives) is found by the maintenance thread's check and claimed within seconds."""
+    reg = worker.Registry()
+    done: list[int] = []
+    reg.task("t")(lambda p: done.append(p["n"]))
+    with thread_worker(reg, poll_interval=0.1):
+        for n in range(5):
+            worker.enqueue(conn, "t", {"n": n}, schema=schema)
+        wait_until(lambda: len(done) == 5)
+        started = time.monotonic()
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, payload, run_at)"
+            " VALUES ('t', 'default', '{\"n\": 99}', now() - interval '1 hour')"
+        )
+        wait_until(lambda: 99 in done, timeout=10)
+        assert time.monotonic() - started < 5
+
+
+def test_dead_entries_behind_the_cursor_are_not_walked(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """While another session holds a snapshot (vacuum can remove nothing), 20,000 rows are
+    claimed in small batches. A claim from the worker's cursor then reads a few buffers; the
+    same claim from the start of the queue walks every dead entry. Short claims keep the
+    cursor."""
+    b = Batcher(
+        queries(schema),
+        "00000000-0000-0000-0000-000000000003",
+        queues=["q"],
+        batch_size=500,
+        lease_seconds=30,
+        delete_done=False,
+        max_attempts={},
+        poll_interval=1.0,
+        channel=notify_channel(schema),
+    )
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1").fetchone()  # the snapshot is taken: the horizon is held
+        worker.enqueue_many(conn, "t", ({"n": i} for i in range(20000)), queue="q", schema=schema)
+        claimed = 0
+        while claimed < 20000:
+            with conn.transaction():
+                got = b.claim(conn, 500, time.monotonic())
+            assert got is not None
+            b.committed(got)
+            claimed += len(got.rows)
+        worker.enqueue(conn, "t", {"n": -1}, queue="q", schema=schema)
+        with conn.transaction():  # a short claim: it finds the one new row
+            got = b.claim(conn, 500, time.monotonic())
+        assert got is not None and len(got.rows) == 1
+        b.committed(got)
+        worker.enqueue(conn, "t", {"n": -2}, queue="q", schema=schema)
+        pos = b.cursor.position("q")
+        from_cursor = _claim_plan(
+            conn,
+            schema,
+            cursor_priority=[pos[0]],
+            floor_run_at=[pos[1]],
+            floor_id=[pos[2]],
+        )
+        from_start = _claim_plan(conn, schema)
+        holder.rollback()
+    assert from_cursor["Plan"]["Actual Rows"] == 1 and from_start["Plan"]["Actual Rows"] == 1
+    assert _buffers(from_cursor) < 100, _buffers(from_cursor)
+    assert _buffers(from_start) > 10 * _buffers(from_cursor), (
+        _buffers(from_start),
+        _buffers(from_cursor),
+    )
+
+
+def test_promotion_by_concurrent_workers_moves_each_row_once(pg_dsn: str, schema: str) -> None:
+    """Any worker promotes (no leader): four sessions promoting at once move each due row
+    exactly once, and each says when the next scheduled row is due."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, state, run_at)"
+            " SELECT 't', 'q', 'scheduled', now() - interval '1 second'"
+            " FROM generate_series(1, 5000)"
+        )
+        c.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, run_at)"
+            " VALUES ('t', 'q', now() + interval '100 seconds')"
+        )
+    q = queries(schema)
+    results: list[tr.Promoted] = []
+    lock = threading.Lock()
+
+    def promote() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            while True:
+                with c.transaction():
+                    p = tr.promote(c, q, limit=300, channel=notify_channel(schema))
+                with lock:
+                    results.append(p)
+                if p.count == 0:
+                    return
+
+    threads = [threading.Thread(target=promote) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(p.count for p in results) == 5000
+    last = [p for p in results if p.count == 0]
+    assert last and all(p.next_due_in is not None and 90 < p.next_due_in <= 100 for p in last)
+    with psycopg.connect(pg_dsn) as c:
+        assert states(c, schema) == {"scheduled": 1, "queued": 5000}
+
+
+def test_json_payload_survives(conn: psycopg.Connection, schema: str) -> None:
+    """Delayed rows keep their payloads through promotion."""
+    task_id = worker.enqueue(conn, "t", {"a": [1, 2]}, delay=0.001, schema=schema)
+    time.sleep(0.01)
+    with conn.transaction():
+        tr.promote(conn, queries(schema), limit=10, channel=notify_channel(schema))
+    row = conn.execute(
+        f"SELECT state::text, payload::text FROM {schema}.tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    assert row is not None and row[0] == "queued" and json.loads(row[1]) == {"a": [1, 2]}

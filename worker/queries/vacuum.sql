@@ -1,0 +1,22 @@
+-- Vacuum of the task table between autovacuum's rounds (see worker/_vacuum.py).
+
+-- name: vacuum_state
+-- Dead row versions in the task table, seconds since it was last vacuumed (by anyone), and
+-- whether this role may vacuum it (only the owner, or a member of the owning role, may).
+SELECT s.n_dead_tup::bigint AS dead,
+       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 AS since,
+       pg_has_role(c.relowner, 'MEMBER') AS allowed
+  FROM pg_stat_user_tables AS s
+  JOIN pg_class AS c ON c.oid = s.relid
+ WHERE s.relid = to_regclass(%(table)s);
+
+-- name: vacuum_try_lock
+-- One vacuuming process per schema across the fleet; the others skip this round.
+SELECT pg_try_advisory_lock(%(class)s, %(key)s) AS got;
+
+-- name: vacuum_unlock
+SELECT pg_advisory_unlock(%(class)s, %(key)s);
+
+-- name: vacuum_tasks
+-- SKIP_LOCKED: if autovacuum (or anyone) is vacuuming it now, there is nothing to add.
+VACUUM (SKIP_LOCKED) {schema}.tasks;
