@@ -21,7 +21,9 @@ CREATE UNIQUE INDEX tasks_dedupe_idx ON {schema}.tasks (dedupe_key)
 -- an attempt; see queries/tasks.sql, defer_unknown). A worker that has the handler takes such rows
 -- at once when it starts.
 ALTER TABLE {schema}.tasks ADD COLUMN handed_back integer NOT NULL DEFAULT 0;
-CREATE INDEX tasks_handed_back_idx ON {schema}.tasks (task)
+-- On the name's first 255 characters: rows from before 0004 may have names too long for an
+-- index entry, and must not make the hand-back fail.
+CREATE INDEX tasks_handed_back_idx ON {schema}.tasks (left(task, 255))
     WHERE handed_back > 0 AND state = 'scheduled';
 
 -- Routing: each worker records the queue of every task it has a handler for. A row inserted
@@ -45,8 +47,10 @@ ALTER TABLE {schema}.workers ADD COLUMN tasks text[] NOT NULL DEFAULT '{}';
 -- Fills in the queue of a row inserted without one, and files a row that is not due yet as
 -- 'scheduled'. The trigger's WHEN clause keeps the common insert (a queue given, due now) from
 -- calling the function at all, so COPY stays close to its bare speed.
+-- SECURITY DEFINER: a producer role that may only insert tasks (deploy/sql/roles.sql) still gets
+-- its rows routed; the function reads task_routes and nothing else.
 CREATE FUNCTION {schema}.before_insert() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NEW.queue IS NULL THEN
         NEW.queue := coalesce(
@@ -93,8 +97,8 @@ CREATE TRIGGER tasks_notify_inserted
 
 -- enqueue(): the queue defaults to the task's route (see above). A dedupe key already held is
 -- answered before any insert, so a hit neither inserts nor notifies.
-DROP FUNCTION {schema}.enqueue(text, jsonb, text, timestamptz, integer, integer, text);
-CREATE FUNCTION {schema}.enqueue(
+-- CREATE OR REPLACE (same signature) keeps the grants an operator gave on it.
+CREATE OR REPLACE FUNCTION {schema}.enqueue(
     task         text,
     payload      jsonb       DEFAULT '{}',
     queue        text        DEFAULT NULL,

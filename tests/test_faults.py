@@ -218,11 +218,11 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
     q = queries(schema)
     task_id = worker.enqueue(conn, "fenced", {}, schema=schema)
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
-    [mine] = tr.claim(conn, q, queue="default", limit=10, worker_id=a, lease_seconds=0.2)
+    [mine] = tr.claim(conn, q, queues=["default"], limit=10, worker_id=a, lease_seconds=0.2)
     assert (mine.id, mine.attempt) == (task_id, 1)
     time.sleep(0.4)
     assert [(r[0], r[3]) for r in tr.rescue(conn, q)] == [(task_id, "queued")]
-    [theirs] = tr.claim(conn, q, queue="default", limit=10, worker_id=b, lease_seconds=30)
+    [theirs] = tr.claim(conn, q, queues=["default"], limit=10, worker_id=b, lease_seconds=30)
     assert (theirs.id, theirs.attempt) == (task_id, 2)
 
     def row() -> tuple[Any, ...]:

@@ -211,7 +211,7 @@ RETURNING t.id, t.state::text AS state;
 UPDATE {schema}.tasks AS t
    SET state = 'scheduled', attempts = greatest(t.attempts - 1, 0),
        run_at = now() + make_interval(secs => least(5 * power(2, least(t.handed_back, 10)), 600)),
-       handed_back = t.handed_back + 1, last_error = a.error,
+       handed_back = t.handed_back + 1, last_error = left(a.error, 4000),
        started_at = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
        AS a(id, attempt, error)

@@ -18,6 +18,7 @@ UPDATE {schema}.tasks
    SET run_at = now()
  WHERE state = 'scheduled'
    AND handed_back > 0
+   AND left(task, 255) = ANY(ARRAY(SELECT left(n, 255) FROM unnest(%(tasks)s::text[]) AS n))
    AND task = ANY(%(tasks)s::text[])
    AND run_at > now();
 

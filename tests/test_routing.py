@@ -1,0 +1,118 @@
+"""Routing (issue 11): a task enqueued without a queue lands in its handler's queue, whatever the
+producer, once a worker that has the handler has run against the database. And the vacuum that
+keeps a churning table small between autovacuum's rounds."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import psycopg
+import pytest
+from conftest import run_cli, wait_until
+
+import worker
+from worker._sql import queries
+from worker._vacuum import VacuumConfig, Vacuumer
+
+
+def _queue(conn: psycopg.Connection, schema: str, task_id: int) -> str:
+    row = conn.execute(f"SELECT queue FROM {schema}.tasks WHERE id = %s", (task_id,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_every_producer_lands_in_the_handlers_queue(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """`send_email` is registered with queue="mail". Before any worker declared it, a producer
+    that does not know the handler lands in 'default' (as the README says). Once a worker that
+    has it has started, a plain INSERT, the SQL function, the CLI and Python without the
+    handler imported all land in 'mail', and a worker serving only 'mail' runs them."""
+    before = worker.enqueue(conn, "send_email", schema=schema)
+    assert _queue(conn, schema, before) == "default"
+
+    reg = worker.Registry()
+    sent: list[str] = []
+    reg.task("send_email", queue="mail")(lambda p: sent.append(p.get("via", "?")))
+    with thread_worker(reg, queues=["mail"]):
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT queue FROM {schema}.task_routes WHERE task = 'send_email'"
+                ).fetchone()
+                == ("mail",)
+            )
+        )
+    ids = []
+    row = conn.execute(
+        f"INSERT INTO {schema}.tasks (task, payload)"
+        " VALUES ('send_email', '{\"via\": \"insert\"}') RETURNING id"
+    ).fetchone()
+    assert row is not None
+    ids.append(row[0])
+    row = conn.execute(
+        f"SELECT {schema}.enqueue('send_email', '{{\"via\": \"function\"}}')"
+    ).fetchone()
+    assert row is not None
+    ids.append(row[0])
+    out = run_cli(
+        "enqueue",
+        "send_email",
+        "--payload",
+        '{"via": "cli"}',
+        "--schema",
+        schema,
+        env={"WORKER_DSN": pg_dsn},
+    )
+    assert out.returncode == 0, out.stderr
+    ids.append(int(out.stdout.split()[-1]))
+    # This process's registry does not have send_email: the database routes it.
+    assert worker.registry.get("send_email") is None
+    ids.append(worker.enqueue(conn, "send_email", {"via": "python"}, schema=schema))
+    worker.enqueue_many(conn, "send_email", [{"via": "copy"}], schema=schema)
+    assert [_queue(conn, schema, i) for i in ids] == ["mail"] * 4
+    assert conn.execute(f"SELECT count(*) FROM {schema}.tasks WHERE queue = 'mail'").fetchone() == (
+        5,
+    )
+    # An explicit queue still wins.
+    assert _queue(conn, schema, worker.enqueue(conn, "send_email", queue="x", schema=schema)) == "x"
+
+    with thread_worker(reg, queues=["mail"]):
+        wait_until(lambda: len(sent) == 5)
+    assert sorted(sent) == ["cli", "copy", "function", "insert", "python"]
+
+
+def test_vacuum_removes_dead_rows_and_backs_off_when_the_horizon_is_held(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The maintenance vacuum runs when the table holds many dead rows and nobody vacuumed it
+    lately; when a held snapshot keeps it from removing them, it says so and waits longer."""
+    q = queries(schema)
+    vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0))
+
+    def dead() -> int:
+        row = conn.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+            (f"{schema}.tasks",),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1").fetchone()
+        worker.enqueue_many(conn, "t", ({"n": i} for i in range(5000)), schema=schema)
+        conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
+        wait_until(lambda: dead() >= 4000, timeout=10)
+        with caplog.at_level(logging.INFO, logger="worker"):
+            assert vac.tick(conn, 10_000) == 0
+        assert any("xmin horizon" in r.getMessage() for r in caplog.records)
+        assert vac.tick(conn, 10_000) == 0  # backing off: not even looked at
+        holder.rollback()
+    vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0))
+    before = dead()
+    assert before >= 4000
+    removed = vac.tick(conn, 10_000)
+    assert removed >= 4000 and dead() < 1000, (before, removed, dead())
+    time.sleep(0.01)
+    assert vac.tick(conn, 10_000) == 0  # nothing left worth a vacuum
