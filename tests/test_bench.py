@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import psycopg
+import pytest
 from conftest import run_cli
 
 
@@ -42,3 +43,22 @@ def test_bench_drains_measures_the_ceiling_and_the_latency(pg_dsn: str) -> None:
             "SELECT count(*) FROM pg_namespace WHERE nspname = 'worker_bench'"
         ).fetchone()[0]
     assert left == 0
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ("--tasks", "0"),
+        ("--processes", "0"),
+        ("--batch-size", "-1"),
+        ("--rounds", "x"),
+        ("--latency-rate", "nan"),
+        ("--latency-tasks", "-3"),
+        ("--keep-done", "inf"),
+    ],
+)
+def test_a_bad_flag_is_one_line_and_exit_2(flag: tuple[str, str]) -> None:
+    r = run_cli("bench", "--dsn", "postgresql://nowhere.invalid/db", *flag)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+    assert flag[0] in r.stderr

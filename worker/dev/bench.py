@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,35 +32,80 @@ from .._sql import queries
 BENCH_SCHEMA = "worker_bench"
 TASK = "bench.noop"
 
+# The worker flags take what `worker run` accepts (worker/cli/main.py): a bad value fails here,
+# at once, not in the middle of a run.
+MAX_PROCESSES = max(64, 4 * (os.cpu_count() or 1))
+MAX_ROWS = 100_000_000
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _number_in(low: float, high: float) -> Callable[[str], float]:
+    """A finite number from ``low`` to ``high`` (for a rate, 0 skips the phase)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:,.0f}, got {text}")
+        return value
+
+    return parse
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", type=int, default=100_000, help="tasks per phase (default 100000)")
-    p.add_argument("--batch-size", type=int, default=100, help="claim batch (default 100)")
-    p.add_argument("--concurrency", type=int, default=100, help="slots per process (default 100)")
-    p.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--rounds", type=int, default=1, help="repeat and report the median")
+    tasks, rows, rate = _int_in(1, MAX_ROWS), _int_in(0, MAX_ROWS), _number_in(0, 1_000_000)
+    p.add_argument("--tasks", type=tasks, default=100_000, help="tasks per phase (default 100000)")
+    p.add_argument(
+        "--batch-size", type=_int_in(1, 10_000), default=100, help="claim batch (default 100)"
+    )
+    p.add_argument(
+        "--concurrency", type=_int_in(1, 1000), default=100, help="slots per process (default 100)"
+    )
+    p.add_argument(
+        "--processes",
+        type=_int_in(1, MAX_PROCESSES),
+        default=1,
+        help="worker processes (default 1)",
+    )
+    p.add_argument(
+        "--rounds", type=_int_in(1, 1000), default=1, help="repeat and report the median"
+    )
     p.add_argument(
         "--keep-done",
-        type=float,
+        type=_number_in(0, 10 * 365 * 86400.0),
         default=3600.0,
         help="worker's --keep-done (0 deletes rows on completion)",
     )
     p.add_argument(
         "--finished",
-        type=int,
+        type=rows,
         default=0,
         help="finished rows to put in the table before each drain (large-table test)",
     )
     p.add_argument(
         "--latency-rate",
-        type=float,
+        type=rate,
         default=1000.0,
         help="latency phase: enqueue one task at a time at this rate to idle workers and report "
         "enqueue-to-claim percentiles (default 1000/s; 0 skips the phase)",
     )
     p.add_argument(
         "--latency-tasks",
-        type=int,
+        type=tasks,
         default=5000,
         help="tasks in the latency phase (default 5000)",
     )
