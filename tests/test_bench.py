@@ -31,9 +31,12 @@ def test_bench_drains_measures_the_ceiling_and_the_latency(pg_dsn: str) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["tasks"] == 3000 and report["processes"] == 2
-    for key in ("enqueue_per_s", "drain_per_s", "ceiling_drain_per_s"):
+    assert report["ceiling_connections"] == 2
+    for key in ("enqueue_per_s", "drain_per_s", "ceiling"):
         assert report[key] > 0, key
-    assert report["drain_ratio"] == round(report["drain_per_s"] / report["ceiling_drain_per_s"], 3)
+    assert report["drain_ratio"] == round(report["drain_per_s"] / report["ceiling"], 3)
+    assert report["enqueue_ratio"] > 0
+    assert report["ceiling_client_cpu"] > 0  # cores the client used: near 1, Python-bound
     lat = report["latency"]
     assert lat["tasks"] == 300  # every task of the phase ran and was measured
     assert 0 <= lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]

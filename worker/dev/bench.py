@@ -28,6 +28,7 @@ import psycopg
 from .._enqueue import enqueue, enqueue_many
 from .._migrate import migrate
 from .._sql import queries
+from .bench_ceiling import ceiling
 
 BENCH_SCHEMA = "worker_bench"
 TASK = "bench.noop"
@@ -79,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--processes",
         type=_int_in(1, MAX_PROCESSES),
         default=1,
-        help="worker processes (default 1)",
+        help="worker processes, and the ceiling's connections (default 1)",
     )
     p.add_argument(
         "--rounds", type=_int_in(1, 1000), default=1, help="repeat and report the median"
@@ -88,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--keep-done",
         type=_number_in(0, 10 * 365 * 86400.0),
         default=3600.0,
-        help="worker's --keep-done (0 deletes rows on completion)",
+        help="worker's --keep-done (0 deletes rows on completion, in the ceiling too)",
     )
     p.add_argument(
         "--finished",
@@ -139,19 +140,6 @@ def _enqueue(conn: psycopg.Connection, n: int) -> float:
     start = time.perf_counter()
     enqueue_many(conn, TASK, ({"i": i} for i in range(n)), schema=BENCH_SCHEMA)
     return n / (time.perf_counter() - start)
-
-
-def _ceiling(conn: psycopg.Connection, n: int, batch: int) -> float:
-    q = queries(BENCH_SCHEMA)
-    done = 0
-    start = time.perf_counter()
-    while done < n:
-        ids = [r[0] for r in conn.execute(q["bench_claim"], {"queue": "default", "limit": batch})]
-        if not ids:
-            break
-        conn.execute(q["bench_ack"], {"ids": ids})
-        done += len(ids)
-    return done / (time.perf_counter() - start)
 
 
 def _worker_command(dsn: str, args: argparse.Namespace, *extra: str) -> list[str]:
@@ -245,7 +233,13 @@ def _latency(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> di
 
 
 def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, list[float]] = {"enqueue": [], "drain": [], "ceiling": [], "rss_kb": []}
+    results: dict[str, list[float]] = {
+        "enqueue": [],
+        "drain": [],
+        "ceiling": [],
+        "ceiling_client_cpu": [],
+        "rss_kb": [],
+    }
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
         _reset(conn)
         for _ in range(args.rounds):
@@ -253,8 +247,18 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             results["enqueue"].append(_enqueue(conn, args.tasks))
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
-            results["ceiling"].append(_ceiling(conn, args.tasks, args.batch_size))
+            top = ceiling(
+                dsn,
+                BENCH_SCHEMA,
+                batch=args.batch_size,
+                connections=args.processes,
+                delete=args.keep_done <= 0,
+            )
             holder.rollback()
+            if top.tasks < args.tasks:
+                raise RuntimeError(f"the ceiling drained {top.tasks} of {args.tasks} tasks")
+            results["ceiling"].append(top.per_s)
+            results["ceiling_client_cpu"].append(top.client_cpu)
             _truncate(conn, args.finished)
             _enqueue(conn, args.tasks)
             if args.hold_xact:
@@ -280,8 +284,11 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "enqueue_per_s": round(med["enqueue"]),
         "drain_per_s": round(med["drain"]),
-        "ceiling_drain_per_s": round(med["ceiling"]),
+        "ceiling": round(med["ceiling"]),
+        "ceiling_connections": args.processes,
+        "ceiling_client_cpu": round(med["ceiling_client_cpu"], 2),
         "drain_ratio": round(med["drain"] / med["ceiling"], 3),
+        "enqueue_ratio": round(med["enqueue"] / med["ceiling"], 3),
         "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
         "latency": latency
         and {
@@ -292,7 +299,10 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
         "cpus": os.cpu_count(),
-        "all": {k: [round(x) for x in v] for k, v in results.items()},
+        "all": {
+            k: [round(x, 2) if k == "ceiling_client_cpu" else round(x) for x in v]
+            for k, v in results.items()
+        },
     }
 
 
@@ -313,10 +323,13 @@ def main(args: argparse.Namespace, dsn: str) -> int:
         print(f"  with {r['finished_rows']:,} finished rows in the table{held}")
     if r["metrics"]:
         print("  with metrics on (counting, and the journal under a supervisor)")
-    print(f"  enqueue_many (COPY)     {r['enqueue_per_s']:>9,} tasks/s")
-    print(f"  drain (worker)          {r['drain_per_s']:>9,} tasks/s")
-    print(f"  drain (bare SQL)        {r['ceiling_drain_per_s']:>9,} tasks/s   <- ceiling")
-    print(f"  worker / ceiling        {r['drain_ratio']:>9.0%}")
+    conns = f"{r['ceiling_connections']} connection(s)"
+    print(f"  ceiling (bare SQL)      {r['ceiling']:>9,} tasks/s   {conns}, ack+claim per commit")
+    for label, rate, ratio in (
+        ("enqueue_many (COPY)", r["enqueue_per_s"], r["enqueue_ratio"]),
+        ("drain (worker)", r["drain_per_s"], r["drain_ratio"]),
+    ):
+        print(f"  {label:<22}  {rate:>9,} tasks/s   {ratio:.0%} of the ceiling")
     print(f"  worker peak RSS         {r['worker_max_rss_mb']:>9} MB per process")
     if r["latency"]:
         lat = r["latency"]

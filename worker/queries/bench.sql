@@ -1,7 +1,9 @@
--- The bare-SQL ceiling for `worker bench`: the least a queue can do per batch (claim with SKIP
--- LOCKED, then mark done), run from one connection with no framework around it.
+-- `worker bench`: the bare-SQL ceiling (the least a queue can do per batch, with no framework
+-- around it) and the statements that prepare and read each phase.
 
 -- name: bench_claim
+-- The ceiling's claim: the worker's claim shape over queued rows, and nothing more (no cursor,
+-- no per-handler max_attempts, only the ids back). It is a ceiling, not the product.
 WITH picked AS (
     SELECT id
       FROM {schema}.tasks
@@ -11,14 +13,20 @@ WITH picked AS (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.tasks AS t
-   SET state = 'in_progress', attempts = t.attempts + 1, started_at = now(),
-       lease_expires_at = now() + interval '30 seconds'
+   SET state = 'in_progress', attempts = t.attempts + 1, worker_id = %(worker_id)s,
+       started_at = now(), lease_expires_at = now() + interval '30 seconds'
  WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING t.id;
 
 -- name: bench_ack
+-- The ceiling's acknowledgement, in the same transaction as its next claim.
 UPDATE {schema}.tasks
    SET state = 'done', finished_at = now(), lease_expires_at = NULL
+ WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: bench_ack_delete
+-- The same, when the worker keeps no finished rows (--keep-done 0) and deletes them instead.
+DELETE FROM {schema}.tasks
  WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: bench_fill_finished
