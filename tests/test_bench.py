@@ -65,3 +65,29 @@ def test_a_bad_flag_is_one_line_and_exit_2(flag: tuple[str, str]) -> None:
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
     assert flag[0] in r.stderr
+
+
+def test_with_keep_done_0_it_still_measures_latency(pg_dsn: str) -> None:
+    """The worker then deletes rows as it completes them (and the ceiling too); the latency phase
+    reads the finished rows, so its workers keep them."""
+    r = run_cli(
+        "bench",
+        "--dsn",
+        pg_dsn,
+        "--tasks",
+        "500",
+        "--concurrency",
+        "10",
+        "--keep-done",
+        "0",
+        "--latency-tasks",
+        "30",
+        "--latency-rate",
+        "100",
+        "--json",
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["ceiling"] > 0 and report["drain_per_s"] > 0
+    assert report["latency"]["tasks"] == 30

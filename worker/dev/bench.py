@@ -32,6 +32,7 @@ from .bench_ceiling import ceiling
 
 BENCH_SCHEMA = "worker_bench"
 TASK = "bench.noop"
+_KEEP_MEASURED = 3600.0
 
 # The worker flags take what `worker run` accepts (worker/cli/main.py): a bad value fails here,
 # at once, not in the middle of a run.
@@ -142,7 +143,9 @@ def _enqueue(conn: psycopg.Connection, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _worker_command(dsn: str, args: argparse.Namespace, *extra: str) -> list[str]:
+def _worker_command(
+    dsn: str, args: argparse.Namespace, *extra: str, keep_done: float | None = None
+) -> list[str]:
     """The real `worker run` over the bench schema, with the benchmark's settings."""
     cmd = [
         sys.executable,
@@ -161,7 +164,7 @@ def _worker_command(dsn: str, args: argparse.Namespace, *extra: str) -> list[str
         "--batch-size",
         str(args.batch_size),
         "--keep-done",
-        str(args.keep_done),
+        str(args.keep_done if keep_done is None else keep_done),
         "--log-level",
         "WARNING",
         *extra,
@@ -201,7 +204,8 @@ def _latency(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> di
     q = queries(BENCH_SCHEMA)
     _truncate(conn, 0)
     env = {**os.environ, "WORKER_DSN": dsn}
-    proc = subprocess.Popen(_worker_command(dsn, args), env=env)
+    # The phase measures the finished rows: keep them, whatever --keep-done says.
+    proc = subprocess.Popen(_worker_command(dsn, args, keep_done=_KEEP_MEASURED), env=env)
     try:
         deadline = time.monotonic() + 60
         while conn.execute(q["bench_workers_alive"]).fetchone()[0] < args.processes:
