@@ -3,7 +3,8 @@
 Absolute numbers depend on the machine and on whatever else it is doing, so every figure is
 reported with the ceiling measured minutes apart on the same database, and as a ratio to it.
 Each phase starts from an empty, freshly truncated table so earlier phases' dead rows do not
-slow later ones.
+slow later ones. The ceiling is in bench_ceiling, the phases that run the real worker in
+bench_phases; this module holds the flags, the order of the phases and the report.
 """
 
 from __future__ import annotations
@@ -12,27 +13,23 @@ import argparse
 import json
 import math
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from .._enqueue import enqueue, enqueue_many
-from .._migrate import migrate
-from .._sql import queries
+from .._enqueue import enqueue_many
 from .bench_ceiling import ceiling
-
-BENCH_SCHEMA = "worker_bench"
-TASK = "bench.noop"
-_KEEP_MEASURED = 3600.0
+from .bench_phases import (
+    BENCH_SCHEMA,
+    TASK,
+    drain,
+    latency,
+    reset,
+    truncate,
+)
 
 # The worker flags take what `worker run` accepts (worker/cli/main.py): a bad value fails here,
 # at once, not in the middle of a run.
@@ -125,115 +122,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _reset(conn: psycopg.Connection) -> None:
-    conn.execute(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
-    migrate(conn, BENCH_SCHEMA)
-
-
-def _truncate(conn: psycopg.Connection, finished: int) -> None:
-    conn.execute(f"TRUNCATE {BENCH_SCHEMA}.tasks")
-    if finished:
-        conn.execute(queries(BENCH_SCHEMA)["bench_fill_finished"], {"n": finished})
-    conn.execute(f"VACUUM ANALYZE {BENCH_SCHEMA}.tasks")
-
-
 def _enqueue(conn: psycopg.Connection, n: int) -> float:
     start = time.perf_counter()
     enqueue_many(conn, TASK, ({"i": i} for i in range(n)), schema=BENCH_SCHEMA)
     return n / (time.perf_counter() - start)
-
-
-def _worker_command(
-    dsn: str, args: argparse.Namespace, *extra: str, keep_done: float | None = None
-) -> list[str]:
-    """The real `worker run` over the bench schema, with the benchmark's settings."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "worker",
-        "run",
-        "worker.dev.bench_tasks",
-        "--dsn",
-        dsn,
-        "--schema",
-        BENCH_SCHEMA,
-        "--processes",
-        str(args.processes),
-        "--concurrency",
-        str(args.concurrency),
-        "--batch-size",
-        str(args.batch_size),
-        "--keep-done",
-        str(args.keep_done if keep_done is None else keep_done),
-        "--log-level",
-        "WARNING",
-        *extra,
-    ]
-    if args.metrics:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            cmd += ["--metrics-port", str(s.getsockname()[1])]
-    return cmd
-
-
-def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
-    """Run the real `worker run --burst` and time first claim to last acknowledgement."""
-    with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as fh:
-        report = fh.name
-    cmd = _worker_command(dsn, args, "--burst", "--report", report)
-    try:
-        subprocess.run(cmd, check=True, env={**os.environ, "WORKER_DSN": dsn})
-        lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
-    finally:
-        os.unlink(report)
-    done = sum(r["done"] for r in lines)
-    if done < n:
-        raise RuntimeError(f"worker drained {done} of {n} tasks")
-    first = min(r["first_claim"] for r in lines if r["first_claim"])
-    last = max(r["last_ack"] for r in lines if r["last_ack"])
-    rss = max(r["max_rss_kb"] for r in lines)
-    return n / (last - first), rss
-
-
-def _latency(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> dict[str, float]:
-    """Idle workers, tasks arriving one per transaction at a steady rate: how long each waits.
-
-    This is what LISTEN/NOTIFY is for; with polling alone the wait would be about half the poll
-    interval. The drain phases say nothing about it, since their workers never wait.
-    """
-    q = queries(BENCH_SCHEMA)
-    _truncate(conn, 0)
-    env = {**os.environ, "WORKER_DSN": dsn}
-    # The phase measures the finished rows: keep them, whatever --keep-done says.
-    proc = subprocess.Popen(_worker_command(dsn, args, keep_done=_KEEP_MEASURED), env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while conn.execute(q["bench_workers_alive"]).fetchone()[0] < args.processes:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the benchmark's workers did not start")
-            time.sleep(0.1)
-        time.sleep(1.0)  # let every process reach its LISTEN
-        n, rate = args.latency_tasks, args.latency_rate
-        start = time.perf_counter()
-        for i in range(n):
-            pause = start + i / rate - time.perf_counter()
-            if pause > 0:
-                time.sleep(pause)
-            enqueue(conn, TASK, {"i": i}, schema=BENCH_SCHEMA)
-        while conn.execute(q["bench_done"]).fetchone()[0] < n:
-            if proc.poll() is not None or time.monotonic() > deadline + n / rate + 60:
-                raise RuntimeError("the benchmark's workers did not finish the latency phase")
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    row = conn.execute(q["bench_latency"]).fetchone()
-    n_done, p50, p99, worst = row
-    return {"tasks": n_done, "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(worst)}
 
 
 def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -245,9 +137,9 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_kb": [],
     }
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
-        _reset(conn)
+        reset(conn)
         for _ in range(args.rounds):
-            _truncate(conn, args.finished)
+            truncate(conn, finished=args.finished)
             results["enqueue"].append(_enqueue(conn, args.tasks))
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
@@ -263,15 +155,15 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"the ceiling drained {top.tasks} of {args.tasks} tasks")
             results["ceiling"].append(top.per_s)
             results["ceiling_client_cpu"].append(top.client_cpu)
-            _truncate(conn, args.finished)
+            truncate(conn, finished=args.finished)
             _enqueue(conn, args.tasks)
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")
-            rate, rss = _drain(dsn, args, args.tasks)
+            drained = drain(dsn, args, args.tasks)
             holder.rollback()
-            results["drain"].append(rate)
-            results["rss_kb"].append(rss)
-        latency = _latency(conn, dsn, args) if args.latency_rate > 0 else None
+            results["drain"].append(drained.per_s)
+            results["rss_kb"].append(drained.max_rss_kb)
+        lat = latency(conn, dsn, args) if args.latency_rate > 0 else None
         server = conn.execute("SHOW server_version").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
@@ -294,11 +186,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "drain_ratio": round(med["drain"] / med["ceiling"], 3),
         "enqueue_ratio": round(med["enqueue"] / med["ceiling"], 3),
         "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
-        "latency": latency
-        and {
-            "rate_per_s": args.latency_rate,
-            **{k: round(v, 2) for k, v in latency.items()},
-        },
+        "latency": lat and {"rate_per_s": args.latency_rate, **lat.report()},
         "server": server[0] if server else "?",
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
