@@ -1,10 +1,12 @@
 """`worker bench`: enqueue and drain no-op tasks, next to the bare-SQL ceiling of the same run.
 
 Absolute numbers depend on the machine and on whatever else it is doing, so every figure is
-reported with the ceiling measured minutes apart on the same database, and as a ratio to it.
-Each phase starts from an empty, freshly truncated table so earlier phases' dead rows do not
-slow later ones. The ceiling is in bench_ceiling, the phases that run the real worker in
-bench_phases; this module holds the flags, the order of the phases and the report.
+reported with the ceiling measured minutes apart on the same database, and as a ratio to it; the
+light-load phases compare two runs of the same phase instead (an empty table against a large
+one, one queue against many). Each phase starts from a freshly truncated table so earlier
+phases' dead rows do not slow later ones. The ceiling is in bench_ceiling, the phases that run
+the real worker in bench_phases; this module holds the flags, the order of the phases and the
+report.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .bench_phases import (
     TASK,
     drain,
     latency,
+    light_delayed,
+    many_queues,
     reset,
     truncate,
 )
@@ -109,6 +113,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tasks in the latency phase (default 5000)",
     )
     p.add_argument(
+        "--light-rate",
+        type=rate,
+        default=20.0,
+        help="light-load phases (light_delayed, many_queues): tasks per second, one per "
+        "transaction (default 20; 0 skips both)",
+    )
+    p.add_argument(
+        "--light-tasks", type=tasks, default=200, help="tasks per light-load run (default 200)"
+    )
+    p.add_argument(
+        "--delayed-rows",
+        type=tasks,
+        default=500_000,
+        help="light_delayed: tasks due tomorrow in the same queue (default 500000)",
+    )
+    p.add_argument(
+        "--served-queues",
+        type=_int_in(2, 10_000),
+        default=200,
+        help="many_queues: queues the worker serves, only the first of them busy (default 200)",
+    )
+    p.add_argument(
         "--metrics",
         action="store_true",
         help="run the worker with --metrics-port (on a free local port), to measure what "
@@ -164,6 +190,8 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             results["drain"].append(drained.per_s)
             results["rss_kb"].append(drained.max_rss_kb)
         lat = latency(conn, dsn, args) if args.latency_rate > 0 else None
+        delayed = light_delayed(conn, dsn, args) if args.light_rate > 0 else None
+        queues = many_queues(conn, dsn, args) if args.light_rate > 0 else None
         server = conn.execute("SHOW server_version").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
@@ -187,6 +215,8 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "enqueue_ratio": round(med["enqueue"] / med["ceiling"], 3),
         "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
         "latency": lat and {"rate_per_s": args.latency_rate, **lat.report()},
+        "light_delayed": delayed,
+        "many_queues": queues,
         "server": server[0] if server else "?",
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
@@ -196,6 +226,16 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             for k, v in results.items()
         },
     }
+
+
+def _ms(r: dict[str, Any]) -> str:
+    cpu = r["db_cpu_ms_per_task"]
+    cost = "" if cpu is None else f", database CPU {cpu:.3f} ms per task"
+    return f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms{cost}"
+
+
+def _verdict(met: bool | None) -> str:
+    return "not measured" if met is None else ("met" if met else "MISSED")
 
 
 def main(args: argparse.Namespace, dsn: str) -> int:
@@ -225,8 +265,20 @@ def main(args: argparse.Namespace, dsn: str) -> int:
     print(f"  worker peak RSS         {r['worker_max_rss_mb']:>9} MB per process")
     if r["latency"]:
         lat = r["latency"]
-        print(
-            f"  latency, enqueue to claim ({lat['rate_per_s']:,.0f} tasks/s, one per commit): "
-            f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"
-        )
+        print(f"  latency, enqueue to claim, {lat['rate_per_s']:,.0f} tasks/s one per commit:")
+        print(f"    empty table           {_ms(lat)}")
+    if r["light_delayed"]:
+        d = r["light_delayed"]
+        print(f"  light_delayed, {d['rate_per_s']:,.0f} tasks/s one per commit:")
+        print(f"    empty table           {_ms(d['base'])}")
+        print(f"    {d['delayed_rows']:>9,} delayed    {_ms(d['backlog'])}")
+        print(f"    p99 x{d['p99_ratio']}; target {d['target']}: {_verdict(d['target_met'])}")
+    if r["many_queues"]:
+        m = r["many_queues"]
+        print(f"  many_queues, {m['rate_per_s']:,.0f} tasks/s one per commit into q0:")
+        print(f"    serving q0 alone      {_ms(m['one'])}")
+        print(f"    serving {m['served_queues']:>5} queues  {_ms(m['many'])}")
+        cost = "?" if m["cost_ratio"] is None else f"x{m['cost_ratio']}"
+        verdict = _verdict(m["target_met"])
+        print(f"    p99 x{m['p99_ratio']}, cost {cost}; target {m['target']}: {verdict}")
     return 0
