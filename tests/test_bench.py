@@ -56,6 +56,7 @@ def test_the_drain_is_reported_as_a_ratio_to_the_ceiling(report: dict[str, Any])
     assert report["drain_ratio"] == round(report["drain_per_s"] / report["ceiling"], 3)
     assert report["drain_ratio"] > 0 and report["enqueue_ratio"] > 0
     assert report["ceiling_client_cpu"] > 0  # cores the client used: near 1, Python-bound
+    assert len(report["all"]["drain_ratio"]) == report["rounds"] == 1
 
 
 def test_light_delayed_compares_a_backlog_of_delayed_rows_with_an_empty_table(
