@@ -1,66 +1,138 @@
 """`worker bench`: enqueue and drain no-op tasks, next to the bare-SQL ceiling of the same run.
 
 Absolute numbers depend on the machine and on whatever else it is doing, so every figure is
-reported with the ceiling measured minutes apart on the same database, and as a ratio to it.
-Each phase starts from an empty, freshly truncated table so earlier phases' dead rows do not
-slow later ones.
+reported with the ceiling measured minutes apart on the same database, and as a ratio to it; the
+light-load phases compare two runs of the same phase instead (an empty table against a large
+one, one queue against many). Each phase starts from a freshly truncated table so earlier
+phases' dead rows do not slow later ones. The ceiling is in bench_ceiling, the phases that run
+the real worker in bench_phases; this module holds the flags, the order of the phases and the
+report.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from .._enqueue import enqueue, enqueue_many
-from .._migrate import migrate
-from .._sql import queries
+from .._enqueue import enqueue_many
+from .bench_ceiling import ceiling
+from .bench_phases import (
+    BENCH_SCHEMA,
+    TASK,
+    drain,
+    latency,
+    light_delayed,
+    many_queues,
+    reset,
+    truncate,
+)
 
-BENCH_SCHEMA = "worker_bench"
-TASK = "bench.noop"
+# The worker flags take what `worker run` accepts (worker/cli/main.py): a bad value fails here,
+# at once, not in the middle of a run.
+MAX_PROCESSES = max(64, 4 * (os.cpu_count() or 1))
+MAX_ROWS = 100_000_000
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _number_in(low: float, high: float) -> Callable[[str], float]:
+    """A finite number from ``low`` to ``high`` (for a rate, 0 skips the phase)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:,.0f}, got {text}")
+        return value
+
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", type=int, default=100_000, help="tasks per phase (default 100000)")
-    p.add_argument("--batch-size", type=int, default=100, help="claim batch (default 100)")
-    p.add_argument("--concurrency", type=int, default=100, help="slots per process (default 100)")
-    p.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
-    p.add_argument("--rounds", type=int, default=1, help="repeat and report the median")
+    tasks, rows, rate = _int_in(1, MAX_ROWS), _int_in(0, MAX_ROWS), _number_in(0, 1_000_000)
+    p.add_argument("--tasks", type=tasks, default=100_000, help="tasks per phase (default 100000)")
+    p.add_argument(
+        "--batch-size", type=_int_in(1, 10_000), default=100, help="claim batch (default 100)"
+    )
+    p.add_argument(
+        "--concurrency", type=_int_in(1, 1000), default=100, help="slots per process (default 100)"
+    )
+    p.add_argument(
+        "--processes",
+        type=_int_in(1, MAX_PROCESSES),
+        default=1,
+        help="worker processes, and the ceiling's connections (default 1)",
+    )
+    p.add_argument(
+        "--rounds", type=_int_in(1, 1000), default=1, help="repeat and report the median"
+    )
     p.add_argument(
         "--keep-done",
-        type=float,
+        type=_number_in(0, 10 * 365 * 86400.0),
         default=3600.0,
-        help="worker's --keep-done (0 deletes rows on completion)",
+        help="worker's --keep-done (0 deletes rows on completion, in the ceiling too)",
     )
     p.add_argument(
         "--finished",
-        type=int,
+        type=rows,
         default=0,
         help="finished rows to put in the table before each drain (large-table test)",
     )
     p.add_argument(
         "--latency-rate",
-        type=float,
+        type=rate,
         default=1000.0,
         help="latency phase: enqueue one task at a time at this rate to idle workers and report "
         "enqueue-to-claim percentiles (default 1000/s; 0 skips the phase)",
     )
     p.add_argument(
         "--latency-tasks",
-        type=int,
+        type=tasks,
         default=5000,
         help="tasks in the latency phase (default 5000)",
+    )
+    p.add_argument(
+        "--light-rate",
+        type=rate,
+        default=20.0,
+        help="light-load phases (light_delayed, many_queues): tasks per second, one per "
+        "transaction (default 20; 0 skips both)",
+    )
+    p.add_argument(
+        "--light-tasks", type=tasks, default=200, help="tasks per light-load run (default 200)"
+    )
+    p.add_argument(
+        "--delayed-rows",
+        type=tasks,
+        default=500_000,
+        help="light_delayed: tasks due tomorrow in the same queue (default 500000)",
+    )
+    p.add_argument(
+        "--served-queues",
+        type=_int_in(2, 10_000),
+        default=200,
+        help="many_queues: queues the worker serves, only the first of them busy (default 200)",
     )
     p.add_argument(
         "--metrics",
@@ -76,147 +148,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _reset(conn: psycopg.Connection) -> None:
-    conn.execute(f"DROP SCHEMA IF EXISTS {BENCH_SCHEMA} CASCADE")
-    migrate(conn, BENCH_SCHEMA)
-
-
-def _truncate(conn: psycopg.Connection, finished: int) -> None:
-    conn.execute(f"TRUNCATE {BENCH_SCHEMA}.tasks")
-    if finished:
-        conn.execute(queries(BENCH_SCHEMA)["bench_fill_finished"], {"n": finished})
-    conn.execute(f"VACUUM ANALYZE {BENCH_SCHEMA}.tasks")
-
-
 def _enqueue(conn: psycopg.Connection, n: int) -> float:
     start = time.perf_counter()
     enqueue_many(conn, TASK, ({"i": i} for i in range(n)), schema=BENCH_SCHEMA)
     return n / (time.perf_counter() - start)
 
 
-def _ceiling(conn: psycopg.Connection, n: int, batch: int) -> float:
-    q = queries(BENCH_SCHEMA)
-    done = 0
-    start = time.perf_counter()
-    while done < n:
-        ids = [r[0] for r in conn.execute(q["bench_claim"], {"queue": "default", "limit": batch})]
-        if not ids:
-            break
-        conn.execute(q["bench_ack"], {"ids": ids})
-        done += len(ids)
-    return done / (time.perf_counter() - start)
-
-
-def _worker_command(dsn: str, args: argparse.Namespace, *extra: str) -> list[str]:
-    """The real `worker run` over the bench schema, with the benchmark's settings."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "worker",
-        "run",
-        "worker.dev.bench_tasks",
-        "--dsn",
-        dsn,
-        "--schema",
-        BENCH_SCHEMA,
-        "--processes",
-        str(args.processes),
-        "--concurrency",
-        str(args.concurrency),
-        "--batch-size",
-        str(args.batch_size),
-        "--keep-done",
-        str(args.keep_done),
-        "--log-level",
-        "WARNING",
-        *extra,
-    ]
-    if args.metrics:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            cmd += ["--metrics-port", str(s.getsockname()[1])]
-    return cmd
-
-
-def _drain(dsn: str, args: argparse.Namespace, n: int) -> tuple[float, int]:
-    """Run the real `worker run --burst` and time first claim to last acknowledgement."""
-    with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as fh:
-        report = fh.name
-    cmd = _worker_command(dsn, args, "--burst", "--report", report)
-    try:
-        subprocess.run(cmd, check=True, env={**os.environ, "WORKER_DSN": dsn})
-        lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
-    finally:
-        os.unlink(report)
-    done = sum(r["done"] for r in lines)
-    if done < n:
-        raise RuntimeError(f"worker drained {done} of {n} tasks")
-    first = min(r["first_claim"] for r in lines if r["first_claim"])
-    last = max(r["last_ack"] for r in lines if r["last_ack"])
-    rss = max(r["max_rss_kb"] for r in lines)
-    return n / (last - first), rss
-
-
-def _latency(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> dict[str, float]:
-    """Idle workers, tasks arriving one per transaction at a steady rate: how long each waits.
-
-    This is what LISTEN/NOTIFY is for; with polling alone the wait would be about half the poll
-    interval. The drain phases say nothing about it, since their workers never wait.
-    """
-    q = queries(BENCH_SCHEMA)
-    _truncate(conn, 0)
-    env = {**os.environ, "WORKER_DSN": dsn}
-    proc = subprocess.Popen(_worker_command(dsn, args), env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while conn.execute(q["bench_workers_alive"]).fetchone()[0] < args.processes:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the benchmark's workers did not start")
-            time.sleep(0.1)
-        time.sleep(1.0)  # let every process reach its LISTEN
-        n, rate = args.latency_tasks, args.latency_rate
-        start = time.perf_counter()
-        for i in range(n):
-            pause = start + i / rate - time.perf_counter()
-            if pause > 0:
-                time.sleep(pause)
-            enqueue(conn, TASK, {"i": i}, schema=BENCH_SCHEMA)
-        while conn.execute(q["bench_done"]).fetchone()[0] < n:
-            if proc.poll() is not None or time.monotonic() > deadline + n / rate + 60:
-                raise RuntimeError("the benchmark's workers did not finish the latency phase")
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    row = conn.execute(q["bench_latency"]).fetchone()
-    n_done, p50, p99, worst = row
-    return {"tasks": n_done, "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(worst)}
-
-
 def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, list[float]] = {"enqueue": [], "drain": [], "ceiling": [], "rss_kb": []}
+    results: dict[str, list[float]] = {
+        "enqueue": [],
+        "drain": [],
+        "ceiling": [],
+        "ceiling_client_cpu": [],
+        "rss_kb": [],
+    }
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
-        _reset(conn)
+        reset(conn)
         for _ in range(args.rounds):
-            _truncate(conn, args.finished)
+            truncate(conn, finished=args.finished)
             results["enqueue"].append(_enqueue(conn, args.tasks))
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
-            results["ceiling"].append(_ceiling(conn, args.tasks, args.batch_size))
+            top = ceiling(
+                dsn,
+                BENCH_SCHEMA,
+                batch=args.batch_size,
+                connections=args.processes,
+                delete=args.keep_done <= 0,
+            )
             holder.rollback()
-            _truncate(conn, args.finished)
+            if top.tasks < args.tasks:
+                raise RuntimeError(f"the ceiling drained {top.tasks} of {args.tasks} tasks")
+            results["ceiling"].append(top.per_s)
+            results["ceiling_client_cpu"].append(top.client_cpu)
+            truncate(conn, finished=args.finished)
             _enqueue(conn, args.tasks)
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")
-            rate, rss = _drain(dsn, args, args.tasks)
+            drained = drain(dsn, args, args.tasks)
             holder.rollback()
-            results["drain"].append(rate)
-            results["rss_kb"].append(rss)
-        latency = _latency(conn, dsn, args) if args.latency_rate > 0 else None
+            results["drain"].append(drained.per_s)
+            results["rss_kb"].append(drained.max_rss_kb)
+        lat = latency(conn, dsn, args) if args.latency_rate > 0 else None
+        delayed = light_delayed(conn, dsn, args) if args.light_rate > 0 else None
+        queues = many_queues(conn, dsn, args) if args.light_rate > 0 else None
         server = conn.execute("SHOW server_version").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
@@ -233,20 +208,44 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "enqueue_per_s": round(med["enqueue"]),
         "drain_per_s": round(med["drain"]),
-        "ceiling_drain_per_s": round(med["ceiling"]),
+        "ceiling": round(med["ceiling"]),
+        "ceiling_connections": args.processes,
+        "ceiling_client_cpu": round(med["ceiling_client_cpu"], 2),
         "drain_ratio": round(med["drain"] / med["ceiling"], 3),
+        "enqueue_ratio": round(med["enqueue"] / med["ceiling"], 3),
         "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
-        "latency": latency
-        and {
-            "rate_per_s": args.latency_rate,
-            **{k: round(v, 2) for k, v in latency.items()},
-        },
+        "latency": lat and {"rate_per_s": args.latency_rate, **lat.report()},
+        "light_delayed": delayed,
+        "many_queues": queues,
         "server": server[0] if server else "?",
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
         "cpus": os.cpu_count(),
-        "all": {k: [round(x) for x in v] for k, v in results.items()},
+        "all": {
+            **{
+                k: [round(x, 2) if k == "ceiling_client_cpu" else round(x) for x in v]
+                for k, v in results.items()
+            },
+            # Each round's drain next to the ceiling measured just before it: the noise to judge
+            # the medians' ratio by.
+            "drain_ratio": [
+                round(d / c, 3) for d, c in zip(results["drain"], results["ceiling"], strict=True)
+            ],
+        },
     }
+
+
+def _row(label: str, r: dict[str, Any]) -> None:
+    cpu = r["db_cpu_ms_per_task"]
+    cost = "" if cpu is None else f", database CPU {cpu:.2f} ms/task"
+    print(
+        f"    {label:<20}  p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, "
+        f"max {r['max_ms']:.1f} ms{cost}"
+    )
+
+
+def _verdict(met: bool | None) -> str:
+    return "not measured" if met is None else ("met" if met else "MISSED")
 
 
 def main(args: argparse.Namespace, dsn: str) -> int:
@@ -266,15 +265,30 @@ def main(args: argparse.Namespace, dsn: str) -> int:
         print(f"  with {r['finished_rows']:,} finished rows in the table{held}")
     if r["metrics"]:
         print("  with metrics on (counting, and the journal under a supervisor)")
-    print(f"  enqueue_many (COPY)     {r['enqueue_per_s']:>9,} tasks/s")
-    print(f"  drain (worker)          {r['drain_per_s']:>9,} tasks/s")
-    print(f"  drain (bare SQL)        {r['ceiling_drain_per_s']:>9,} tasks/s   <- ceiling")
-    print(f"  worker / ceiling        {r['drain_ratio']:>9.0%}")
+    conns = f"{r['ceiling_connections']} connection(s)"
+    print(f"  ceiling (bare SQL)      {r['ceiling']:>9,} tasks/s   {conns}, ack+claim per commit")
+    for label, rate, ratio in (
+        ("enqueue_many (COPY)", r["enqueue_per_s"], r["enqueue_ratio"]),
+        ("drain (worker)", r["drain_per_s"], r["drain_ratio"]),
+    ):
+        print(f"  {label:<22}  {rate:>9,} tasks/s   {ratio:.0%} of the ceiling")
     print(f"  worker peak RSS         {r['worker_max_rss_mb']:>9} MB per process")
     if r["latency"]:
         lat = r["latency"]
-        print(
-            f"  latency, enqueue to claim ({lat['rate_per_s']:,.0f} tasks/s, one per commit): "
-            f"p50 {lat['p50_ms']:.1f} ms, p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms"
-        )
+        print(f"  latency, enqueue to claim, {lat['rate_per_s']:,.0f} tasks/s one per commit:")
+        _row("empty table", lat)
+    if r["light_delayed"]:
+        d = r["light_delayed"]
+        print(f"  light_delayed, {d['rate_per_s']:,.0f} tasks/s one per commit:")
+        _row("empty table", d["base"])
+        _row(f"{d['delayed_rows']:,} delayed", d["backlog"])
+        print(f"    p99 x{d['p99_ratio']}; target {d['target']}: {_verdict(d['target_met'])}")
+    if r["many_queues"]:
+        m = r["many_queues"]
+        print(f"  many_queues, {m['rate_per_s']:,.0f} tasks/s one per commit into q0:")
+        _row("serving q0 alone", m["one"])
+        _row(f"serving {m['served_queues']:,} queues", m["many"])
+        cost = "?" if m["cost_ratio"] is None else f"x{m['cost_ratio']}"
+        verdict = _verdict(m["target_met"])
+        print(f"    p99 x{m['p99_ratio']}, cost {cost}; target {m['target']}: {verdict}")
     return 0

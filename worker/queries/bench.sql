@@ -1,7 +1,9 @@
--- The bare-SQL ceiling for `worker bench`: the least a queue can do per batch (claim with SKIP
--- LOCKED, then mark done), run from one connection with no framework around it.
+-- `worker bench`: the bare-SQL ceiling (the least a queue can do per batch, with no framework
+-- around it) and the statements that prepare and read each phase.
 
 -- name: bench_claim
+-- The ceiling's claim: the worker's claim shape over queued rows, and nothing more (no cursor,
+-- no per-handler max_attempts, only the ids back). It is a ceiling, not the product.
 WITH picked AS (
     SELECT id
       FROM {schema}.tasks
@@ -11,14 +13,20 @@ WITH picked AS (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.tasks AS t
-   SET state = 'in_progress', attempts = t.attempts + 1, started_at = now(),
-       lease_expires_at = now() + interval '30 seconds'
+   SET state = 'in_progress', attempts = t.attempts + 1, worker_id = %(worker_id)s,
+       started_at = now(), lease_expires_at = now() + interval '30 seconds'
  WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING t.id;
 
 -- name: bench_ack
+-- The ceiling's acknowledgement, in the same transaction as its next claim.
 UPDATE {schema}.tasks
    SET state = 'done', finished_at = now(), lease_expires_at = NULL
+ WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: bench_ack_delete
+-- The same, when the worker keeps no finished rows (--keep-done 0) and deletes them instead.
+DELETE FROM {schema}.tasks
  WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: bench_fill_finished
@@ -27,15 +35,22 @@ INSERT INTO {schema}.tasks (task, state, attempts, started_at, finished_at)
 SELECT 'bench.old', 'done', 1, now() - interval '10 minutes', now() - interval '9 minutes'
   FROM generate_series(1, %(n)s);
 
+-- name: bench_fill_delayed
+-- Tasks due tomorrow in the queue under test, as any producer's delayed tasks would be: plain rows
+-- of the task table, written by one statement.
+INSERT INTO {schema}.tasks (task, queue, run_at)
+SELECT 'bench.noop', %(queue)s, now() + interval '1 day'
+  FROM generate_series(1, %(n)s);
+
 -- name: bench_workers_alive
 SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL;
 
 -- name: bench_done
-SELECT count(*) FROM {schema}.tasks WHERE state = 'done';
+SELECT count(*) FROM {schema}.tasks WHERE state = 'done' AND queue = %(queue)s;
 
 -- name: bench_latency
--- The latency phase: from enqueue to claim, both read from the database clock (created_at is the
--- producer's INSERT transaction time, started_at the claiming transaction's), in milliseconds.
+-- The light-load phases: from enqueue to claim, both read from the database clock (created_at is
+-- the producer's INSERT transaction time, started_at the claiming transaction's), in milliseconds.
 SELECT count(*) AS n,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
            * 1000 AS p50_ms,
@@ -43,4 +58,15 @@ SELECT count(*) AS n,
            * 1000 AS p99_ms,
        max(extract(epoch FROM started_at - created_at)) * 1000 AS max_ms
   FROM {schema}.tasks
- WHERE state = 'done';
+ WHERE state = 'done' AND queue = %(queue)s;
+
+-- name: bench_claim_backends
+-- The server processes of the worker's claim connections (application_name 'worker', see
+-- worker/_worker.py), whose CPU time the light-load phases read from /proc when the server runs
+-- on this machine. Other workers on the same database would be counted too: bench alone.
+SELECT pid FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name = 'worker';
+
+-- name: bench_server_is_local
+-- NULL over a Unix socket.
+SELECT coalesce(host(inet_server_addr()) IN ('127.0.0.1', '::1'), true);
