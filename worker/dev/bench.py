@@ -30,6 +30,7 @@ from .bench_phases import (
     drain,
     latency,
     light_delayed,
+    light_held,
     many_queues,
     reset,
     truncate,
@@ -135,6 +136,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="many_queues: queues the worker serves, only the first of them busy (default 200)",
     )
     p.add_argument(
+        "--held-seconds",
+        type=_number_in(0, 86_400),
+        default=0,
+        help="light_held: seconds of light load while another session holds a transaction "
+        "open, after a minute without (default 0: skip; the issue's figure uses 600)",
+    )
+    p.add_argument(
+        "--held-rate",
+        type=_number_in(1, 100_000),
+        default=150.0,
+        help="light_held: tasks per second, one per transaction (default 150)",
+    )
+    p.add_argument(
         "--metrics",
         action="store_true",
         help="run the worker with --metrics-port (on a free local port), to measure what "
@@ -192,6 +206,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         lat = latency(conn, dsn, args) if args.latency_rate > 0 else None
         delayed = light_delayed(conn, dsn, args) if args.light_rate > 0 else None
         queues = many_queues(conn, dsn, args) if args.light_rate > 0 else None
+        held_phase = light_held(conn, dsn, args) if args.held_seconds > 0 else None
         server = conn.execute("SHOW server_version").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
@@ -217,6 +232,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "latency": lat and {"rate_per_s": args.latency_rate, **lat.report()},
         "light_delayed": delayed,
         "many_queues": queues,
+        "light_held": held_phase,
         "server": server[0] if server else "?",
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
@@ -291,4 +307,10 @@ def main(args: argparse.Namespace, dsn: str) -> int:
         cost = "?" if m["cost_ratio"] is None else f"x{m['cost_ratio']}"
         verdict = _verdict(m["target_met"])
         print(f"    p99 x{m['p99_ratio']}, cost {cost}; target {m['target']}: {verdict}")
+    if r["light_held"]:
+        h = r["light_held"]
+        print(f"  light_held, {h['rate_per_s']:,.0f} tasks/s one per commit:")
+        _row("no transaction held", h["base"])
+        _row(f"held {h['held_seconds']:,.0f} s", h["held"])
+        print(f"    p99 x{h['p99_ratio']}; target {h['target']}: {_verdict(h['target_met'])}")
     return 0

@@ -258,6 +258,29 @@ def many_queues(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) ->
     }
 
 
+def light_held(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A light load (--held-rate) for a minute, then for --held-seconds while another session
+    holds a transaction open (vacuum can then remove nothing, and every claimed row leaves a
+    dead entry in the claim index): the dead entries must not slow the claims of new rows."""
+    rate = args.held_rate
+    truncate(conn)
+    base = serve(conn, dsn, args, n=max(int(rate * 60), 1), rate=rate)
+    truncate(conn)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
+        held = serve(conn, dsn, args, n=max(int(rate * args.held_seconds), 1), rate=rate)
+        holder.rollback()
+    return {
+        "rate_per_s": rate,
+        "held_seconds": args.held_seconds,
+        "base": base.report(),
+        "held": held.report(),
+        **_ratios(held, base),
+        "target": "p99 held <= 2 x p99 base",
+        "target_met": held.p99_ms <= 2 * base.p99_ms,
+    }
+
+
 def _ratios(measured: Served, base: Served) -> dict[str, float | None]:
     return {
         "p50_ratio": _ratio(measured.p50_ms, base.p50_ms),
