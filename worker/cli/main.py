@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=int_in(1, 1000),
-        default=10,
-        help="task slots (threads) per process (default 10)",
+        default=50,
+        help="task slots per process; runner threads start as work needs them (default 50)",
     )
     p.add_argument(
         "--batch-size",
