@@ -184,8 +184,9 @@ class Routing:
         lines: list[str] = []
         if self.unserved and self.workers_alive == 0:
             total = sum(q.waiting for q in self.unserved)
+            more = "+" if any(q.queued_capped or q.scheduled_capped for q in self.unserved) else ""
             lines.append(
-                f"no live worker at all: {len(self.unserved):,} queue(s) hold {total:,} due "
+                f"no live worker at all: {len(self.unserved):,} queue(s) hold {total:,}{more} due "
                 "task(s): start one with `worker run MODULE`"
             )
         unserved = sorted(self.unserved, key=lambda q: (-q.waiting, q.queue))
