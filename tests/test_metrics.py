@@ -475,7 +475,9 @@ def test_supervisor_aggregates_children_and_keeps_counts_of_a_killed_one(
     assert total(m, "worker_database_up") == 1
     assert total(m, "worker_queue_tasks", queue="default", state="queued") == 0
     assert total(m, "worker_queue_tasks", queue="default", state="in_progress") == 0
-    assert total(m, "worker_queue_tasks", queue="later", state="queued") == 7
+    # Delayed rows wait as 'scheduled' (schema/0006), not queued.
+    assert total(m, "worker_queue_tasks", queue="later", state="queued") == 0
+    assert total(m, "worker_queue_tasks", queue="later", state="scheduled") == 7
     assert total(m, "worker_queue_delayed_tasks", queue="later") == 7
     assert total(m, "worker_queue_oldest_task_age_seconds", queue="later") == 0
     assert total(m, "worker_queue_tasks", queue="orphan", state="queued") == 3

@@ -138,8 +138,9 @@ def test_page_shows_queues_workers_failures_cron_and_locks(
     assert page.queues["emails"]["queued"] == str(emails["queued"])
     assert page.queues["emails"]["done"] == str(emails["done"])
     assert page.queues["emails"]["failed"] == "0"
-    assert page.queues["reports"]["queued"] == "3"
-    assert page.queues["reports"]["delayed"] == "3"
+    # Delayed rows wait as 'scheduled' (schema/0006): none of them is queued yet.
+    assert page.queues["reports"]["queued"] == "0"
+    assert page.queues["reports"]["scheduled"] == "3"
     assert page.queues[XSS_QUEUE]["failed"] == "1"  # the parser unescaped the attribute
     assert "box-1" in body and "4242" in body  # the worker row
     assert "nightly-report" in body and "0 3 * * *" in body
@@ -251,7 +252,7 @@ def test_page_renders_in_headless_chromium(
     dom = parse(r.stdout)
     assert dom.title.startswith("worker status")
     assert dom.queues["emails"]["queued"] == str(counts(conn, populated, "emails")["queued"])
-    assert dom.queues["reports"]["delayed"] == "3"
+    assert dom.queues["reports"]["scheduled"] == "3"
     assert dom.queues[XSS_QUEUE]["failed"] == "1"
     assert "xss" not in dom.ids and "xssq" not in dom.ids
     assert "pwned" not in dom.title

@@ -17,7 +17,7 @@ from .._migrate import migrate
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
 from .common import CliError, age, connect, print_json, require, resolve_dsn, table
-from .text import safe
+from .text import LINE_LIMIT, safe
 
 # The largest payload `worker enqueue` reads (jsonb itself stops at 255 MB).
 MAX_PAYLOAD = 64 * 1024 * 1024
@@ -108,6 +108,20 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(q: _admin.QueueStatus, state: str) -> str:
+    """Exact; or, past the cap, ≈ the planner's estimate (when it is above the cap) or ≥ the
+    lower bound."""
+    n = q.counts.get(state, 0)
+    if state not in q.capped:
+        return f"{n:,}"
+    guess = q.estimates.get(state)
+    return f"≈{guess:,}" if guess is not None and guess > n else f"≥{n:,}"
+
+
+def _quote(name: str) -> str:
+    return repr(name[:80] + ("..." if len(name) > 80 else ""))
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         require(conn, args.schema)
@@ -115,19 +129,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print_json(st.as_dict())
         return 0
-    head = ["queue", *STATES, "delayed", "oldest"]
+    head = ["queue", *(s.replace("_", " ") for s in STATES), "oldest due", "live worker"]
     rows = [
         [
             q.queue,
-            *(str(q.counts.get(s, 0)) for s in STATES),
-            str(q.delayed),
+            *(_count(q, s) for s in STATES),
             age(q.oldest_seconds),
+            "yes" if q.served else "none",
         ]
         for q in st.queues
     ]
     table(head, rows or [["(no tasks)"] + [""] * (len(head) - 1)])
+    if any(q.capped for q in st.queues):
+        print(
+            f"(counts stop at {st.cap:,}: ≈ is the planner's estimate beyond, ≥ the count where "
+            "the estimate is lower)"
+        )
+    if st.truncated_after is not None:
+        print(
+            f"(too many queue names: the queues after {safe(_quote(st.truncated_after))} "
+            "are not listed)"
+        )
+    advice = st.routing.advice(_quote)
+    if advice:
+        print()
+        print("work no live worker will do")
+        for line in advice:
+            print(f"  {safe(line, LINE_LIMIT)}")
     print()
-    print(f"workers ({len(st.workers)} alive)")
+    alive = st.routing.workers_alive
+    print(f"workers ({len(st.workers)} registered, {alive} alive)")
     if st.workers:
         table(
             ["id", "host", "pid", "started", "heartbeat", "in flight", "queues"],
@@ -162,10 +193,27 @@ def cmd_retry(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         require(conn, args.schema)
         if args.failed:
-            n = _admin.retry_failed(conn, args.schema, args.queue)
-            print(f"requeued {n} failed task(s)")
+            done = _admin.retry_failed(conn, args.schema, args.queue)
+            if args.json:
+                print_json(done.as_dict())
+                return 0
+            print(f"requeued {done.requeued} failed task(s)")
+            if done.skipped:
+                ids = ", ".join(f"#{i}" for i in done.skipped_ids)
+                more = ", ..." if done.skipped > len(done.skipped_ids) else ""
+                print(
+                    f"skipped {done.skipped} whose dedupe key a scheduled, queued or running task "
+                    f"holds ({ids}{more}): they stay failed; retry them once that task is done"
+                )
             return 0
-        if not _admin.retry(conn, args.schema, args.id):
+        try:
+            ok = _admin.retry(conn, args.schema, args.id)
+        except psycopg.errors.UniqueViolation:
+            raise CliError(
+                f"task {args.id} was not requeued: its dedupe key is held by a scheduled, queued "
+                "or running task"
+            ) from None
+        if not ok:
             raise CliError(f"task {args.id} is not failed or cancelled (or does not exist)")
         print(f"requeued task {args.id}")
     return 0
@@ -178,7 +226,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             task = _admin.get_task(conn, args.schema, args.id)
             state = task["state"] if task else "missing"
             raise CliError(
-                f"task {args.id} cannot be cancelled: it is {state} (only queued tasks can)"
+                f"task {args.id} cannot be cancelled: it is {state} "
+                "(only scheduled or queued tasks can)"
             )
     print(f"cancelled task {args.id}")
     return 0

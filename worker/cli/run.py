@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from .._registry import registry
+from .._registry import DEFAULT_QUEUE, registry
 from .._supervisor import (
     DSN_OPTIONS,
     LIVENESS_ENV,
@@ -48,6 +48,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             f"module {args.module!r} registered no tasks (decorate handlers with @worker.task)", 2
         )
+    if not args.child:
+        _warn_unknown_queues(args)
     dsn = resolve_dsn(args.dsn)
     if args.listen_dsn:
         checked_dsn(args.listen_dsn, "--listen-dsn" if "--listen-dsn" in args.argv else LISTEN_ENV)
@@ -131,6 +133,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args.report, worker)
     return code
+
+
+def _warn_unknown_queues(args: argparse.Namespace) -> None:
+    """A queue in --queues that none of the module's tasks is routed to is most often a typo:
+    the worker would wait on it forever while the tasks pile up in the queue they declare."""
+    known = set(registry.queues()) | {DEFAULT_QUEUE}
+    for name in dict.fromkeys(q for q in (args.queues or "").split(",") if q):
+        if name not in known:
+            shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
+            log.warning(
+                "--queues names %r, the queue of no task that %s registers (theirs: %s): only "
+                "tasks a producer puts there explicitly will run; check the name",
+                name,
+                args.module,
+                shown,
+            )
 
 
 def _hide_dsns_from_argv(args: argparse.Namespace) -> None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+
+from .._admin import MissingHandler
 
 NAME_CHARS = 200  # names (queues, tasks, hosts, table cells) on the page
 ERROR_CHARS = 2000  # a task's last error on the page (first line and the rest together)
 LABEL_CHARS = 120  # a queue name as a Prometheus label value
 TOP_QUEUES = 50  # queues exported individually besides the ones live workers serve
+TOP_TASKS = 20  # tasks without a live handler exported individually
 QUEUES_PER_PAGE = 100  # rows of the status page's queue table
 ROWS_SHOWN = 100  # rows of the page's other tables (workers, cron, locks)
 OTHER = "(other)"
@@ -54,6 +58,10 @@ def label(name: str) -> str:
 
 @dataclass(frozen=True)
 class QueueRow:
+    """One queue's numbers. queued and delayed (scheduled) are exact up to the counting cap;
+    a count that reached it (``capped``, and per state ``capped_states``) shows the planner's
+    estimate instead when that is larger (the states in ``estimated``), else the cap."""
+
     queue: str
     queued: int
     delayed: int
@@ -61,6 +69,15 @@ class QueueRow:
     capped: bool
     oldest_seconds: float | None
     served: bool = False  # a live worker lists it in its queues
+    waiting: int = 0  # tasks that could run now (queued, and scheduled ones already due)
+    failed: int = 0
+    capped_states: frozenset[str] = frozenset()
+    estimated: frozenset[str] = frozenset()
+
+    @property
+    def unserved(self) -> int:
+        """Tasks waiting for a worker that serves this queue, when no live worker does."""
+        return 0 if self.served else self.waiting
 
 
 @dataclass(frozen=True)
@@ -81,18 +98,23 @@ def add(a: QueueRow, b: QueueRow) -> QueueRow:
         a.running + b.running,
         a.capped or b.capped,
         oldest,
-        a.served or b.served,
+        False,  # a sum is nobody's queue; what no live worker serves is summed in waiting
+        a.unserved + b.unserved,
+        a.failed + b.failed,
+        a.capped_states | b.capped_states,
+        a.estimated | b.estimated,
     )
 
 
 def exported(queues: list[QueueRow], rest: QueueRow | None, top: int = TOP_QUEUES) -> Exported:
-    """Served queues always, then the ``top`` largest (queued plus running, ties by name); the
-    others and ``rest`` (the queues past the scan limit, already summed) go under OTHER. A queue
-    that a producer named OTHER is always summed there, so the label stays one series."""
+    """Served queues always, then the ``top`` others: first those with tasks waiting that no live
+    worker serves, then the largest (queued plus running, ties by name); the others and ``rest``
+    (the queues past the scan limit, already summed) go under OTHER. A queue that a producer named
+    OTHER is always summed there, so the label stays one series."""
     served = [q for q in queues if q.served and q.queue != OTHER]
     others = sorted(
         (q for q in queues if not q.served or q.queue == OTHER),
-        key=lambda q: (-(q.queued + q.running), q.queue),
+        key=lambda q: (q.unserved == 0, -(q.queued + q.running), q.queue),
     )
     largest = [q for q in others if q.queue != OTHER][:top]
     keep = {q.queue for q in largest}
@@ -108,6 +130,22 @@ def exported(queues: list[QueueRow], rest: QueueRow | None, top: int = TOP_QUEUE
     return Exported(shown, replace(total, served=False), count)
 
 
+def without_handler(
+    missing: Iterable[MissingHandler], top: int = TOP_TASKS
+) -> list[tuple[str, int]]:
+    """(label, rows) per task that no live worker has a handler for: the ``top`` with the most
+    rows, the rest summed under OTHER (a producer can write any number of task names)."""
+    per_task: dict[str, int] = {}
+    for m in missing:
+        per_task[m.task] = per_task.get(m.task, 0) + m.count
+    ranked = sorted(per_task.items(), key=lambda kv: (-kv[1], kv[0]))
+    out: dict[str, int] = {}
+    for i, (task, n) in enumerate(ranked):
+        key = label(task) if i < top and task != OTHER else OTHER
+        out[key] = out.get(key, 0) + n
+    return sorted(out.items())
+
+
 __all__ = [
     "ERROR_CHARS",
     "NAME_CHARS",
@@ -115,9 +153,11 @@ __all__ = [
     "QUEUES_PER_PAGE",
     "ROWS_SHOWN",
     "TOP_QUEUES",
+    "TOP_TASKS",
     "Exported",
     "QueueRow",
     "clip",
     "exported",
     "label",
+    "without_handler",
 ]

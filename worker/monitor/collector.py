@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .bounds import OTHER, TOP_QUEUES, exported, label
+from .bounds import OTHER, TOP_QUEUES, TOP_TASKS, exported, label, without_handler
 from .instruments import MULTIPROC_ENV
 from .readmodel import Database
 
@@ -95,18 +95,22 @@ class DatabaseCollector:
         yield took
         tasks = GaugeMetricFamily(
             "worker_queue_tasks",
-            "Queued (due and delayed) and in-progress tasks per queue; exact up to a cap per "
-            "queue (see worker_queue_tasks_capped). Fleet-wide: aggregate with max, not sum.",
+            "Tasks per queue and state: scheduled (waiting for their run_at), queued (due) and "
+            "in_progress. Exact up to a cap per queue; beyond it the planner's estimate when "
+            "larger, else the cap (see worker_queue_tasks_capped). Fleet-wide: aggregate with "
+            "max, not sum.",
             labels=["queue", "state"],
         )
         capped = GaugeMetricFamily(
             "worker_queue_tasks_capped",
-            "1 when a queue's queued count reached the counting cap and is a lower bound.",
+            "1 when a queue's queued or scheduled count reached the counting cap: the value is "
+            "then the planner's estimate or the cap, not an exact count.",
             labels=["queue"],
         )
         delayed = GaugeMetricFamily(
             "worker_queue_delayed_tasks",
-            "Queued tasks whose run_at is in the future (retries waiting, scheduled tasks).",
+            "Scheduled tasks (run_at in the future: retries waiting, delayed tasks); the same "
+            'value as worker_queue_tasks{state="scheduled"}.',
             labels=["queue"],
         )
         oldest = GaugeMetricFamily(
@@ -114,15 +118,42 @@ class DatabaseCollector:
             "Seconds the oldest due task of the queue has waited (0 when none is due).",
             labels=["queue"],
         )
+        unserved = GaugeMetricFamily(
+            "worker_queue_unserved_tasks",
+            "Due tasks in a queue that no live worker serves (0 when one does): they wait until "
+            "a worker with --queues naming it starts.",
+            labels=["queue"],
+        )
         shown = exported(snap.queues, snap.rest, TOP_QUEUES)
         for q in [*shown.queues, shown.other]:
             name = OTHER if q is shown.other else label(q.queue)
+            tasks.add_metric([name, "scheduled"], q.delayed)
             tasks.add_metric([name, "queued"], q.queued)
             tasks.add_metric([name, "in_progress"], q.running)
             capped.add_metric([name], 1.0 if q.capped else 0.0)
             delayed.add_metric([name], q.delayed)
             oldest.add_metric([name], q.oldest_seconds or 0.0)
-        yield from (tasks, capped, delayed, oldest)
+            unserved.add_metric([name], q.unserved)
+        yield from (tasks, capped, delayed, oldest, unserved)
+        routing = snap.routing
+        count = GaugeMetricFamily(
+            "worker_unserved_queues",
+            "Queues holding due tasks that no live worker serves (among the queues listed; see "
+            "worker_queue_names_truncated).",
+        )
+        count.add_metric([], len(routing.unserved))
+        yield count
+        without = GaugeMetricFamily(
+            "worker_tasks_without_handler",
+            "Tasks waiting for a handler that no live worker has, per task name: rows handed back "
+            "by workers without it (exact up to the cap), plus those seen in a sample of each "
+            f"queue's first queued rows. The {TOP_TASKS} largest by name, the rest summed under "
+            f'task="{OTHER}".',
+            labels=["task"],
+        )
+        for task, n in without_handler(routing.missing, TOP_TASKS):
+            without.add_metric([task], n)
+        yield without
         summed = GaugeMetricFamily(
             "worker_queues_in_other",
             f'Queues whose gauges are summed under queue="{OTHER}": all but the ones live '

@@ -22,7 +22,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 TTL_ENV = "WORKER_METRICS_TTL"
 COUNT_CAP_ENV = "WORKER_METRICS_COUNT_CAP"
 DEFAULT_TTL = 10.0
-DEFAULT_COUNT_CAP = 100_000
+DEFAULT_COUNT_CAP = 10_000
 
 # Label value for tasks this worker has no handler for: their names come from whatever a producer
 # wrote, so they must not become label values (a typo loop could create thousands of series).
@@ -68,6 +68,9 @@ DATABASE_METRICS: dict[str, str] = {
     "worker_queue_stats_age_seconds": "gauge",
     "worker_queues_in_other": "gauge",
     "worker_queue_names_truncated": "gauge",
+    "worker_queue_unserved_tasks": "gauge",
+    "worker_unserved_queues": "gauge",
+    "worker_tasks_without_handler": "gauge",
 }
 
 

@@ -9,6 +9,7 @@ page by page), so the page stays small whatever a producer wrote.
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 
 from .bounds import ERROR_CHARS, QUEUES_PER_PAGE, ROWS_SHOWN, QueueRow, clip
 from .markup import (
@@ -79,6 +80,18 @@ def _pager(first: int, shown: int, total: int, number: int, pages: int) -> str:
     )
 
 
+def _count(q: QueueRow, state: str, n: int) -> str:
+    """A count as the page shows it: exact, ≈ the planner's estimate, or ≥ the cap."""
+    if state in q.estimated:
+        return "≈" + num(n)
+    return ("≥" if state in q.capped_states else "") + num(n)
+
+
+def _mark(rows: list[QueueRow], states: tuple[str, ...]) -> str:
+    """≈ when a sum holds an estimate or a count that stopped at the cap."""
+    return "≈" if any(set(states) & (q.capped_states | q.estimated) for q in rows) else ""
+
+
 def render_page(
     page: PageData,
     *,
@@ -92,6 +105,8 @@ def render_page(
     ``queues_page`` (from 1) picks which ``QUEUES_PER_PAGE`` queues the queue table lists."""
     snap = page.snapshot
     rest = snap.rest or QueueRow("", 0, 0, 0, False, None)
+    if snap.rest is not None and snap.rest.capped:
+        rest = replace(rest, capped_states=frozenset({"queued", "scheduled"}))
     parts: list[str] = []
     parts.append(
         "<header><h1>worker status</h1>"
@@ -103,22 +118,20 @@ def render_page(
     for err in dict.fromkeys(e for e in (snap.error, page.error) if e):
         parts.append(f'<div class="banner">database problem: {esc(err)}</div>')
 
-    total_queued = sum(q.queued for q in snap.queues) + rest.queued
+    shown = [*snap.queues, rest]
+    total_queued = sum(q.queued for q in shown)
     oldest = max((q.oldest_seconds or 0.0 for q in snap.queues), default=0.0)
-    failed_total = (
-        sum(n for (_, s), n in page.finished.items() if s == "failed")
-        if page.finished is not None
-        else snap.estimates.get("failed")
-    )
+    failed_total: float | None = sum(q.failed for q in snap.queues)
+    failed_mark = ""
+    if any("failed" in q.capped_states for q in snap.queues):
+        failed_total, failed_mark = snap.estimates.get("failed"), "≈"
     cards = [
-        (
-            ("≥" if any(q.capped for q in [*snap.queues, rest]) else "") + num(total_queued),
-            "queued",
-        ),
+        (_mark(shown, ("queued",)) + num(total_queued), "queued (due)"),
+        (_mark(shown, ("scheduled",)) + num(sum(q.delayed for q in shown)), "scheduled"),
         (num(sum(q.running for q in snap.queues)), "in progress"),
         (age(oldest) if oldest else "-", "oldest due task waited"),
         (num(snap.workers_alive), "workers alive"),
-        (num(failed_total), "failed (kept)" if page.finished is not None else "failed (≈)"),
+        (failed_mark + num(failed_total), "failed (kept)"),
     ]
     parts.append(
         '<div class="cards">'
@@ -128,9 +141,24 @@ def render_page(
         + "</div>"
     )
 
+    # routing
+    advice = snap.routing.advice(lambda name: f"'{clip(name, 80)}'")
+    parts.append('<h2 id="routing">Work no live worker will do</h2>')
+    if advice:
+        parts.append(
+            '<ul class="routing bad">'
+            + "".join(f"<li>{html.escape(line, quote=True)}</li>" for line in advice)
+            + "</ul>"
+        )
+    else:
+        parts.append(
+            '<p class="note">None: a live worker serves every queue with due tasks, and has a '
+            "handler for every task seen waiting.</p>"
+        )
+
     # queues
     parts.append('<h2 id="queues">Queues</h2>')
-    names = sorted({q.queue for q in snap.queues} | {k[0] for k in (page.finished or {})})
+    names = sorted({q.queue for q in snap.queues} | {k[0] for k in page.finished})
     pages = max(1, -(-len(names) // QUEUES_PER_PAGE))
     number = min(max(queues_page, 1), pages)
     first = (number - 1) * QUEUES_PER_PAGE
@@ -139,31 +167,42 @@ def render_page(
     rows = []
     for name in listed:
         q = by_name.get(name) or QueueRow(name, 0, 0, 0, False, None)
-        queued = f"≥{num(q.queued)}" if q.capped else num(q.queued)
         cells = [
             f'<td data-col="queue">{esc(name)}</td>',
-            f'<td class="n" data-col="queued">{queued}</td>',
-            f'<td class="n" data-col="delayed">{num(q.delayed)}</td>',
+            f'<td class="n" data-col="queued">{_count(q, "queued", q.queued)}</td>',
+            f'<td class="n" data-col="scheduled">{_count(q, "scheduled", q.delayed)}</td>',
             f'<td class="n" data-col="in_progress">{num(q.running)}</td>',
         ]
         for state in ("done", "failed", "cancelled"):
-            value = num(page.finished.get((name, state), 0)) if page.finished is not None else "-"
+            if state == "failed":
+                value = _count(q, "failed", q.failed)
+            elif page.finished_exact:
+                value = num(page.finished.get((name, state), 0))
+            else:
+                n = page.finished.get((name, state))
+                value = "-" if n is None else "≈" + num(n)
             cls = " bad" if state == "failed" and value not in ("0", "-") else ""
             cells.append(f'<td class="n{cls}" data-col="{state}">{value}</td>')
         age_cls = " warn" if (q.oldest_seconds or 0) > 60 else ""
         cells.append(f'<td class="n{age_cls}" data-col="oldest">{age(q.oldest_seconds)}</td>')
+        served_cls = " bad" if q.unserved else ""
+        cells.append(
+            f'<td class="{served_cls.strip()}" data-col="served">'
+            f"{'yes' if q.served else 'none'}</td>"
+        )
         rows.append(f'<tr data-queue="{esc(name)}">{"".join(cells)}</tr>')
     parts.append(
         table(
             [
                 "queue",
-                "queued",
-                "of which delayed",
+                "queued (due)",
+                "scheduled",
                 "in progress",
                 "done",
                 "failed",
                 "cancelled",
                 "oldest due",
+                "live worker",
             ],
             rows,
             cls="queues",
@@ -176,17 +215,18 @@ def render_page(
             f'<p class="note bad">Too many queue names to list: the queues after '
             f"<code>{esc(snap.rest.queue)}</code> are not listed, and their "
             f"{'≥' if rest.capped else ''}{num(rest.queued)} queued tasks "
-            f"({num(rest.delayed)} delayed) are counted together.</p>"
+            f"({'≥' if rest.capped else ''}{num(rest.delayed)} scheduled) are counted "
+            "together.</p>"
         )
-    if page.finished is None:
-        est = ", ".join(f"{s} ≈ {num(n)}" for s, n in sorted(snap.estimates.items()))
+    if not page.finished_exact:
         parts.append(
-            '<p class="note">The task table is large, so finished rows are not counted per '
-            f"queue. Planner estimates for the whole table: {esc(est or 'not analyzed yet')}.</p>"
+            '<p class="note">The task table holds many finished rows, so done and cancelled '
+            "rows are not counted per queue: ≈ marks the planner's estimates.</p>"
         )
     parts.append(
-        '<p class="note">Queued counts stop at the counting cap (shown as ≥); "oldest due" is '
-        "how long the oldest task that may run now has waited.</p>"
+        '<p class="note">Counts stop at the counting cap: beyond it ≈ marks the planner\'s '
+        'estimate, ≥ the cap where the estimate is lower. "oldest due" is how long the oldest '
+        "task that may run now has waited.</p>"
     )
 
     # workers
@@ -240,7 +280,7 @@ def render_page(
         table(
             ["id", "task", "queue", "attempts", "failed at", "last error"],
             frows,
-            empty="no failed task among the most recent finished ones",
+            empty="no failed task kept",
         )
     )
 

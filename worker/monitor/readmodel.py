@@ -20,29 +20,27 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from .. import _admin
+from .._admin import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
 from .._config import redact, scrub
 from .._migrate import current_version, latest_version
 from .._sql import queries
-from .bounds import ERROR_CHARS, ROWS_SHOWN, QueueRow
+from .bounds import ERROR_CHARS, QUEUES_PER_PAGE, ROWS_SHOWN, QueueRow
 
 log = logging.getLogger("worker.metrics")
 
 T = TypeVar("T")
 
-ALIVE_SECONDS = 60.0  # a worker whose heartbeat is older than this is not counted alive
 READY_CACHE_SECONDS = 1.0
-# Finished rows are counted per queue on the page only while the task table's heap is smaller
-# than this (an exact count of a few million rows takes a fraction of a second); above it the
-# page shows the planner's table-wide estimates.
-EXACT_COUNT_MAX_BYTES = 256 * 1024 * 1024
-FAILED_SCAN = 20_000  # recent failures are looked for among this many newest finished rows
 FAILED_SHOWN = 20
 # Queue names the statistics walk at most (one index probe each, about 25 µs): the queues past
-# them are counted together (see metrics_queue_rest in queries/metrics.sql).
+# them are counted together (see queue_rest in queries/admin.sql).
 MAX_QUEUES = 10_000
-# Groups of the per-queue finished counts read at most; more means the table is treated as too
-# big to count per queue.
-MAX_FINISHED_GROUPS = 3 * MAX_QUEUES
+# The queues past them are counted in one range scan per state, together, up to this many rows.
+REST_CAP = 100_000
+# Done and cancelled rows are counted per queue (exactly) only while the table holds fewer than
+# this many; above it the page shows the planner's per-queue estimates.
+FINISHED_CAP = 10_000
 
 # -- data ------------------------------------------------------------------------------------------
 
@@ -60,6 +58,8 @@ class Snapshot:
     # The queues past the scan limit, summed (queue is the last name scanned), or None when the
     # scan saw every queue.
     rest: QueueRow | None = None
+    # Queues nobody serves and tasks nobody has a handler for (see _admin.Routing).
+    routing: Routing = field(default_factory=lambda: Routing([], [], 0))
     duration: float = 0.0
     error: str | None = None
 
@@ -73,8 +73,10 @@ class PageData:
     taken: float
     wall: datetime
     version: int = 0
-    table_bytes: int = 0
-    finished: dict[tuple[str, str], int] | None = None  # None: table too big to count
+    # Done and cancelled rows per (queue, state): exact when ``finished_exact``, otherwise the
+    # planner's estimates (for the first queues only).
+    finished: dict[tuple[str, str], int] = field(default_factory=dict)
+    finished_exact: bool = True
     workers: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     cron_schedules: list[dict[str, Any]] | None = None  # None: no cron table
@@ -112,7 +114,7 @@ class Database:
         schema: str,
         *,
         ttl: float = 10.0,
-        count_cap: int = 100_000,
+        count_cap: int = 10_000,
         max_queues: int = MAX_QUEUES,
         alive_seconds: float = ALIVE_SECONDS,
         connect_timeout: int = 3,
@@ -181,6 +183,7 @@ class Database:
                         "SELECT set_config('statement_timeout', %s, true)",
                         (str(self.statement_timeout_ms),),
                     )
+                    conn.execute(self.q["no_jit"])
                     return fn(conn)
             except psycopg.OperationalError:
                 self._close()
@@ -213,29 +216,31 @@ class Database:
         return snap
 
     def _read_snapshot(self, conn: psycopg.Connection) -> Snapshot:
-        q = self.q
-        rows = conn.execute(
-            q["metrics_queue_stats"],
-            {
-                "cap": self.count_cap,
-                "alive_seconds": self.alive_seconds,
-                "max_queues": self.max_queues,
-            },
-        ).fetchall()
-        queues = [
-            QueueRow(name, int(queued), int(delayed), int(running), bool(capped), oldest, served)
-            for name, queued, delayed, running, capped, oldest, served, _, _ in rows
-        ]
+        q, cap = self.q, self.count_cap
+        scan = _admin.queue_stats(
+            conn,
+            self.schema,
+            cap=cap,
+            failed_cap=cap,
+            max_queues=self.max_queues,
+            alive_seconds=self.alive_seconds,
+        )
+        cells = [(s.queue, state) for s in scan.queues for state in s.capped]
+        guesses = _admin.estimates(conn, self.schema, cells)
+        queues = [_row(s, guesses) for s in scan.queues]
         rest = None
-        if rows and rows[0][7] >= self.max_queues:  # the scan stopped early: count the rest
-            last = rows[0][8]
+        if scan.truncated_after is not None:  # the scan stopped early: count the rest
+            last = scan.truncated_after
             # Only running or served queues can be listed without having been scanned.
-            listed = [r.queue for r in queues if r.running or r.served]
-            queued, delayed = conn.execute(
-                q["metrics_queue_rest"],
-                {"after": last, "listed": listed, "cap": self.count_cap},
-            ).fetchone() or (0, 0)
-            rest = QueueRow(last, int(queued), int(delayed), 0, queued >= self.count_cap, None)
+            listed = [r.queue for r in queues if r.queue > last]
+            rest_cap = max(cap, REST_CAP)
+            queued, delayed = _admin.queue_rest(
+                conn, self.schema, after=last, listed=listed, cap=rest_cap
+            )
+            rest = QueueRow(last, queued, delayed, 0, max(queued, delayed) >= rest_cap, None)
+        missing = _admin.missing_handlers(
+            conn, self.schema, scan.queues, alive_seconds=self.alive_seconds, cap=cap
+        )
         estimates = {
             state: float(n)
             for state, n in conn.execute(
@@ -250,6 +255,7 @@ class Database:
             datetime.now(UTC),
             queues=queues,
             rest=rest,
+            routing=Routing(_admin.unserved(scan.queues), missing, int(alive)),
             estimates=estimates,
             workers_alive=int(alive),
             in_flight=int(in_flight),
@@ -286,20 +292,19 @@ class Database:
         if page.version == 0:
             page.error = f"schema {self.schema!r} has no worker tables: run `worker migrate`"
             return page
-        row = conn.execute(q["metrics_table_estimate"], {"schema": self.schema}).fetchone()
-        page.table_bytes = int(row[1]) if row else 0
-        if page.table_bytes <= EXACT_COUNT_MAX_BYTES:
-            groups = conn.execute(
-                q["status_page_finished_counts"], {"limit": MAX_FINISHED_GROUPS + 1}
-            ).fetchall()
-            if len(groups) <= MAX_FINISHED_GROUPS:
-                page.finished = {(name, state): int(n) for name, state, n in groups}
+        page.finished, page.finished_exact = _admin.finished_counts(
+            conn, self.schema, cap=FINISHED_CAP
+        )
+        if not page.finished_exact:
+            names = sorted({r.queue for r in snap.queues} | {k[0] for k in page.finished})
+            cells = [(n, s) for n in names[:QUEUES_PER_PAGE] for s in ("done", "cancelled")]
+            guesses = _admin.estimates(conn, self.schema, cells)
+            page.finished = {k: round(n) for k, n in guesses.items()}
         rows = {"limit": ROWS_SHOWN + 1}
         with conn.cursor(row_factory=dict_row) as cur:
-            page.workers = cur.execute(q["status_page_workers"], rows).fetchall()
+            page.workers = cur.execute(q["workers"], rows).fetchall()
             page.failed = cur.execute(
-                q["status_page_recent_failed"],
-                {"scan": FAILED_SCAN, "limit": FAILED_SHOWN, "chars": ERROR_CHARS},
+                q["recent_failed"], {"limit": FAILED_SHOWN, "chars": ERROR_CHARS}
             ).fetchall()
             page.cron_runs = cur.execute(q["status_page_cron_runs"], rows).fetchall()
             page.advisory = cur.execute(q["status_page_advisory_locks"], rows).fetchall()
@@ -344,4 +349,30 @@ class Database:
         return True, f"ok: schema {self.schema} at version {version}"
 
 
-__all__ = ["Database", "PageData", "QueueRow", "Snapshot"]
+def _row(s: QueueStats, guesses: dict[tuple[str, str], float]) -> QueueRow:
+    """A queue's numbers for the page and the gauges: a count that stopped at the cap becomes the
+    planner's estimate when that is larger."""
+    capped = frozenset(s.capped)
+    values = {"queued": s.queued, "scheduled": s.scheduled, "failed": s.failed}
+    estimated = set()
+    for state in capped:
+        guess = guesses.get((s.queue, state))
+        if guess is not None and guess > values[state]:
+            values[state] = round(guess)
+            estimated.add(state)
+    return QueueRow(
+        s.queue,
+        values["queued"],
+        values["scheduled"],
+        s.running,
+        s.queued_capped or s.scheduled_capped,
+        s.oldest_seconds,
+        s.served,
+        s.waiting,
+        values["failed"],
+        capped,
+        frozenset(estimated),
+    )
+
+
+__all__ = ["ALIVE_SECONDS", "Database", "MissingHandler", "PageData", "QueueRow", "Snapshot"]

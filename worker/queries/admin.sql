@@ -1,36 +1,270 @@
--- Operator actions and read-only views used by `worker status`, `worker retry` and `worker cancel`.
+-- Operator actions, and the read-only views that `worker status`, the status page and the metrics
+-- collector share.
+--
+-- Every view is bounded, whatever the table holds (tests/test_explain.py runs each on 5M rows):
+-- counts read partial indexes and stop at a cap, queue and task names come from skip scans that
+-- stop at a limit, and nothing counts the whole finished history. Where a count stops at its cap,
+-- the caller shows the planner's estimate beside it (queue_state_estimates).
 
--- name: queue_counts
--- Counts per queue and state. Active states come from the partial indexes; finished states are
--- counted too, which costs a scan of the finished index: fine for a command, cached for scrapes.
-SELECT queue, state::text AS state, count(*) AS n
-  FROM {schema}.tasks
- GROUP BY queue, state
- ORDER BY queue, state;
+-- name: queue_stats
+-- One row per queue that has scheduled, queued, running or (when %(failed_cap)s > 0) failed
+-- tasks, or that a live worker serves (so that a queue that drains reports 0 instead of vanishing,
+-- and a queue nobody serves stands out).
+--   queued, scheduled, failed: exact up to their cap per queue, from index-only scans of
+--       tasks_claim_idx, tasks_scheduled_queue_idx and tasks_failed_queue_idx; the cap itself
+--       when they reach it (a lower bound). failed_cap 0 reads no failure at all.
+--   scheduled_due: scheduled rows already due that no worker has promoted yet (exact up to the
+--       cap: the due ones come first in that index). Any live worker promotes every queue's rows,
+--       so this stays 0 unless no worker runs at all.
+--   running: exact (in_progress rows are bounded by the fleet's concurrency).
+--   oldest_seconds: how long the oldest due task (queued, or scheduled and due) has waited; one
+--       index probe per distinct priority of the queue (a skip scan), and one for scheduled rows.
+--   served: a live worker (heartbeat within %(alive_seconds)s, not stopped) lists the queue.
+-- Queue names come from skip scans of the same indexes, one probe per queue and at most
+-- %(max_queues)s per index, so a producer that writes a million queue names cannot make this
+-- slow. truncated_after is the name where the first of them stopped (NULL when each saw every
+-- queue): queue_rest counts the queued and scheduled tasks past it.
+WITH RECURSIVE queued_names AS (
+    (SELECT t.queue, 1 AS depth FROM {schema}.tasks AS t
+      WHERE t.state = 'queued' ORDER BY t.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM {schema}.tasks AS t
+             WHERE t.state = 'queued' AND t.queue > n.queue ORDER BY t.queue LIMIT 1),
+           n.depth + 1
+      FROM queued_names AS n
+     WHERE n.queue IS NOT NULL AND n.depth < %(max_queues)s
+),
+scheduled_names AS (
+    (SELECT t.queue, 1 AS depth FROM {schema}.tasks AS t
+      WHERE t.state = 'scheduled' ORDER BY t.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM {schema}.tasks AS t
+             WHERE t.state = 'scheduled' AND t.queue > n.queue ORDER BY t.queue LIMIT 1),
+           n.depth + 1
+      FROM scheduled_names AS n
+     WHERE n.queue IS NOT NULL AND n.depth < %(max_queues)s
+),
+failed_names AS (
+    (SELECT t.queue, 1 AS depth FROM {schema}.tasks AS t
+      WHERE t.state = 'failed' AND %(failed_cap)s > 0 ORDER BY t.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM {schema}.tasks AS t
+             WHERE t.state = 'failed' AND t.queue > n.queue ORDER BY t.queue LIMIT 1),
+           n.depth + 1
+      FROM failed_names AS n
+     WHERE n.queue IS NOT NULL AND n.depth < %(max_queues)s
+),
+scan AS (
+    SELECT min(s.last) AS truncated_after
+      FROM (SELECT max(queue) AS last, count(queue) AS n FROM queued_names
+            UNION ALL
+            SELECT max(queue), count(queue) FROM scheduled_names
+            UNION ALL
+            SELECT max(queue), count(queue) FROM failed_names) AS s
+     WHERE s.n >= %(max_queues)s
+),
+running AS (
+    SELECT t.queue, count(*) AS n
+      FROM {schema}.tasks AS t
+     WHERE t.state = 'in_progress'
+     GROUP BY t.queue
+),
+served AS (
+    SELECT DISTINCT unnest(w.queues) AS queue FROM {schema}.workers AS w
+     WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - make_interval(secs => %(alive_seconds)s)
+),
+names AS (
+    SELECT queue FROM queued_names WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM scheduled_names WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM failed_names WHERE queue IS NOT NULL
+    UNION
+    SELECT queue FROM running
+    UNION
+    SELECT queue FROM served
+)
+SELECT names.queue,
+       q.queued,
+       s.scheduled,
+       s.scheduled_due,
+       coalesce(running.n, 0) AS running,
+       f.failed,
+       q.queued >= %(cap)s AS queued_capped,
+       s.scheduled >= %(cap)s AS scheduled_capped,
+       f.failed >= %(failed_cap)s AND %(failed_cap)s > 0 AS failed_capped,
+       greatest(o.oldest_seconds, d.oldest_seconds) AS oldest_seconds,
+       served.queue IS NOT NULL AS served,
+       scan.truncated_after
+  FROM names
+ CROSS JOIN scan
+  LEFT JOIN running ON running.queue = names.queue
+  LEFT JOIN served ON served.queue = names.queue
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS queued
+      FROM (SELECT 1 FROM {schema}.tasks AS t
+             WHERE t.state = 'queued' AND t.queue = names.queue
+             LIMIT %(cap)s) AS c
+ ) AS q
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS scheduled, count(*) FILTER (WHERE c.run_at <= now()) AS scheduled_due
+      FROM (SELECT t.run_at FROM {schema}.tasks AS t
+             WHERE t.state = 'scheduled' AND t.queue = names.queue
+             ORDER BY t.run_at
+             LIMIT %(cap)s) AS c
+ ) AS s
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS failed
+      FROM (SELECT 1 FROM {schema}.tasks AS t
+             WHERE t.state = 'failed' AND t.queue = names.queue
+             LIMIT %(failed_cap)s) AS c
+ ) AS f
+ CROSS JOIN LATERAL (
+    WITH RECURSIVE prio AS (
+        (SELECT (-t.priority) AS p, 1 AS depth FROM {schema}.tasks AS t
+          WHERE t.state = 'queued' AND t.queue = names.queue
+          ORDER BY (-t.priority) LIMIT 1)
+        UNION ALL
+        SELECT (SELECT (-t.priority) FROM {schema}.tasks AS t
+                 WHERE t.state = 'queued' AND t.queue = names.queue AND (-t.priority) > prio.p
+                 ORDER BY (-t.priority) LIMIT 1),
+               prio.depth + 1
+          FROM prio
+         WHERE prio.p IS NOT NULL AND prio.depth < 1000
+    )
+    SELECT extract(epoch FROM now() - min(f.run_at))::float8 AS oldest_seconds
+      FROM prio
+     CROSS JOIN LATERAL (
+        SELECT t.run_at FROM {schema}.tasks AS t
+         WHERE t.state = 'queued' AND t.queue = names.queue AND (-t.priority) = prio.p
+         ORDER BY (-t.priority), t.run_at LIMIT 1
+     ) AS f
+     WHERE prio.p IS NOT NULL AND f.run_at <= now()
+ ) AS o
+ CROSS JOIN LATERAL (
+    SELECT extract(epoch FROM now() - min(c.run_at))::float8 AS oldest_seconds
+      FROM (SELECT t.run_at FROM {schema}.tasks AS t
+             WHERE t.state = 'scheduled' AND t.queue = names.queue
+             ORDER BY t.run_at LIMIT 1) AS c
+     WHERE c.run_at <= now()
+ ) AS d
+ ORDER BY names.queue;
 
--- name: queue_oldest
--- Age of the oldest due task per queue, read from the claim index.
-SELECT queue,
-       count(*) FILTER (WHERE run_at > now()) AS delayed,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_seconds
-  FROM {schema}.tasks
- WHERE state = 'queued'
- GROUP BY queue
- ORDER BY queue;
+-- name: queue_rest
+-- Queued and scheduled tasks of the queues past the point where queue_stats stopped its name
+-- scans (queues it listed anyway, because they run or are served, excluded), counted together up
+-- to %(cap)s each: one bounded range scan per state, however many queues lie there.
+SELECT (SELECT count(*)
+          FROM (SELECT 1 FROM {schema}.tasks AS t
+                 WHERE t.state = 'queued' AND t.queue > %(after)s AND t.queue <> ALL(%(listed)s)
+                 LIMIT %(cap)s) AS c) AS queued,
+       (SELECT count(*)
+          FROM (SELECT 1 FROM {schema}.tasks AS t
+                 WHERE t.state = 'scheduled' AND t.queue > %(after)s AND t.queue <> ALL(%(listed)s)
+                 LIMIT %(cap)s) AS c) AS scheduled;
+
+-- name: finished_counts
+-- Done and cancelled rows per queue among the newest %(cap)s of them, read backwards from
+-- tasks_done_idx: exact when the table holds fewer than %(cap)s such rows (the caller checks),
+-- otherwise the caller shows the estimates instead (done rows are kept for an hour, so a busy
+-- installation holds millions).
+SELECT r.queue, r.state::text AS state, count(*) AS n
+  FROM (SELECT t.queue, t.state FROM {schema}.tasks AS t
+         WHERE t.state IN ('done', 'cancelled')
+         ORDER BY t.finished_at DESC
+         LIMIT %(cap)s) AS r
+ GROUP BY r.queue, r.state
+ ORDER BY r.queue, r.state;
+
+-- name: queue_state_estimates
+-- The planner's estimate of the rows of each (queue, state) given, for counts that stopped at their
+-- cap (schema/0007, estimated_rows: a plan per pair, nothing executed).
+SELECT c.queue, c.state, {schema}.estimated_rows(c.queue, c.state) AS estimate
+  FROM unnest(%(queues)s::text[], %(states)s::text[]) AS c(queue, state);
+
+-- name: no_jit
+-- For the rest of the transaction: the views here run in milliseconds, and their cost estimates
+-- (counts that stop at a cap) are high enough that JIT would compile them first, which alone takes
+-- longer (130 ms and more on a 2-core machine).
+SELECT set_config('jit', 'off', true);
 
 -- name: recent_failed
-SELECT id, queue, task, attempts, max_attempts, finished_at, last_error
-  FROM {schema}.tasks
- WHERE state = 'failed'
- ORDER BY finished_at DESC
+-- The newest failures, read backwards from tasks_failed_idx. Names and errors come cut to
+-- %(chars)s characters (with their full lengths): a producer may have written megabytes into any
+-- of them.
+SELECT t.id, left(t.queue, %(chars)s) AS queue, char_length(t.queue) AS queue_length,
+       left(t.task, %(chars)s) AS task, char_length(t.task) AS task_length,
+       t.attempts, t.max_attempts, t.finished_at,
+       left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length
+  FROM {schema}.tasks AS t
+ WHERE t.state = 'failed'
+ ORDER BY t.finished_at DESC, t.id DESC
  LIMIT %(limit)s;
 
 -- name: workers
+-- Registered workers that have not stopped, at most %(limit)s.
 SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, in_flight, stopped_at,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
   FROM {schema}.workers
  WHERE stopped_at IS NULL
- ORDER BY host, pid;
+ ORDER BY host, pid
+ LIMIT %(limit)s;
+
+-- name: missing_handlers
+-- Tasks that wait for a handler no live worker has (workers.tasks lists each worker's handlers):
+--   handed_back: rows that workers without the handler handed back (schema/0006), per task, from
+--       a skip scan of tasks_handed_back_idx (at most %(max_tasks)s names), each counted up to
+--       %(cap)s. The queue shown is that of one of the task's rows.
+--   queued: the tasks among the first %(sample)s queued rows (in claim order) of each queue in
+--       %(queues)s (the caller's pick of queues with queued rows): a bounded sample, not a count.
+--       A served queue hands such rows back at once (they show up above); this finds them in
+--       queues that nobody serves. capped: the queue's sample was full, so there may be more.
+WITH RECURSIVE live AS (
+    SELECT DISTINCT unnest(w.tasks) AS task FROM {schema}.workers AS w
+     WHERE w.stopped_at IS NULL AND w.heartbeat_at > now() - make_interval(secs => %(alive_seconds)s)
+),
+handed AS (
+    (SELECT t.task, 1 AS depth FROM {schema}.tasks AS t
+      WHERE t.handed_back > 0 AND t.state = 'scheduled' ORDER BY t.task LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.task FROM {schema}.tasks AS t
+             WHERE t.handed_back > 0 AND t.state = 'scheduled' AND t.task > h.task
+             ORDER BY t.task LIMIT 1),
+           h.depth + 1
+      FROM handed AS h
+     WHERE h.task IS NOT NULL AND h.depth < %(max_tasks)s
+),
+sampled AS (
+    SELECT n.queue, s.task, count(*) AS n, sum(count(*)) OVER (PARTITION BY n.queue) AS sampled
+      FROM unnest(%(queues)s::text[]) AS n(queue)
+     CROSS JOIN LATERAL (
+        SELECT t.task FROM {schema}.tasks AS t
+         WHERE t.state = 'queued' AND t.queue = n.queue
+         ORDER BY (-t.priority), t.run_at, t.id
+         LIMIT %(sample)s
+     ) AS s
+     GROUP BY n.queue, s.task
+)
+SELECT 'handed_back' AS kind, h.task, one.queue, c.n, c.n >= %(cap)s AS capped
+  FROM handed AS h
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS n
+      FROM (SELECT 1 FROM {schema}.tasks AS t
+             WHERE t.handed_back > 0 AND t.state = 'scheduled' AND t.task = h.task
+             LIMIT %(cap)s) AS x
+ ) AS c
+ CROSS JOIN LATERAL (
+    SELECT t.queue FROM {schema}.tasks AS t
+     WHERE t.handed_back > 0 AND t.state = 'scheduled' AND t.task = h.task
+     LIMIT 1
+ ) AS one
+ WHERE h.task IS NOT NULL AND NOT EXISTS (SELECT 1 FROM live WHERE live.task = h.task)
+UNION ALL
+SELECT 'queued', s.task, s.queue, s.n, s.sampled >= %(sample)s
+  FROM sampled AS s
+ WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.task = s.task)
+ ORDER BY 4 DESC, 2, 3
+ LIMIT %(limit)s;
 
 -- name: get_task
 SELECT id, queue, task, payload, priority, run_at, state::text AS state, attempts, max_attempts,
@@ -45,17 +279,118 @@ UPDATE {schema}.tasks
  WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id;
 
--- name: retry_failed
-UPDATE {schema}.tasks
-   SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL, lease_expires_at = NULL
- WHERE state = 'failed' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-RETURNING id;
+-- name: retry_failed_queue
+-- `worker retry --failed --queue Q`, one batch: the oldest %(limit)s failures of the queue after
+-- the previous batch's last (finished_at, id), and that failed before the command started (a task
+-- that fails again meanwhile is not retried twice), from tasks_failed_queue_idx. A task whose
+-- dedupe key a scheduled, queued or running task holds stays failed and is reported, as is every
+-- failure of the batch but the oldest that share one key: one conflict used to abort the whole
+-- statement. (A producer that takes a key between the check and the update still raises a unique
+-- violation; the caller runs the batch again, which then sees that task.) Failures without a
+-- finished_at (set by hand) come last, in id order, after their own key (after_undated_id).
+WITH batch AS (
+    SELECT id, finished_at, dedupe_key FROM (
+        SELECT t.id, t.finished_at, t.dedupe_key
+          FROM {schema}.tasks AS t
+         WHERE t.state = 'failed' AND t.queue = %(queue)s
+           AND (t.finished_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+           AND t.finished_at <= %(before)s::timestamptz
+         ORDER BY t.finished_at, t.id
+         LIMIT %(limit)s
+           FOR UPDATE) AS dated
+    UNION ALL
+    SELECT id, finished_at, dedupe_key FROM (
+        SELECT t.id, t.finished_at, t.dedupe_key
+          FROM {schema}.tasks AS t
+         WHERE t.state = 'failed' AND t.queue = %(queue)s
+           AND t.finished_at IS NULL AND t.id > %(after_undated_id)s::bigint
+         ORDER BY t.id
+         LIMIT %(limit)s
+           FOR UPDATE) AS undated
+    LIMIT %(limit)s
+),
+checked AS (
+    SELECT b.id,
+           b.dedupe_key IS NOT NULL
+           AND (row_number() OVER (PARTITION BY b.dedupe_key ORDER BY b.finished_at, b.id) > 1
+                OR EXISTS (SELECT 1 FROM {schema}.tasks AS h
+                            WHERE h.dedupe_key = b.dedupe_key
+                              AND h.state IN ('scheduled', 'queued', 'in_progress'))) AS taken
+      FROM batch AS b
+),
+moved AS (
+    UPDATE {schema}.tasks AS t
+       SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
+           lease_expires_at = NULL
+     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
+    RETURNING t.id
+)
+SELECT (SELECT count(*) FROM batch) AS seen,
+       (SELECT count(*) FROM moved) AS requeued,
+       ARRAY(SELECT id FROM checked WHERE taken ORDER BY id) AS skipped,
+       (SELECT finished_at FROM batch WHERE finished_at IS NOT NULL
+         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_at,
+       (SELECT id FROM batch WHERE finished_at IS NOT NULL
+         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_id,
+       (SELECT max(id) FROM batch WHERE finished_at IS NULL) AS last_undated_id;
+
+-- name: retry_failed_all
+-- `worker retry --failed`: the same as retry_failed_queue for every queue, from tasks_failed_idx.
+WITH batch AS (
+    SELECT id, finished_at, dedupe_key FROM (
+        SELECT t.id, t.finished_at, t.dedupe_key
+          FROM {schema}.tasks AS t
+         WHERE t.state = 'failed'
+           AND (t.finished_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+           AND t.finished_at <= %(before)s::timestamptz
+         ORDER BY t.finished_at, t.id
+         LIMIT %(limit)s
+           FOR UPDATE) AS dated
+    UNION ALL
+    SELECT id, finished_at, dedupe_key FROM (
+        SELECT t.id, t.finished_at, t.dedupe_key
+          FROM {schema}.tasks AS t
+         WHERE t.state = 'failed'
+           AND t.finished_at IS NULL AND t.id > %(after_undated_id)s::bigint
+         ORDER BY t.id
+         LIMIT %(limit)s
+           FOR UPDATE) AS undated
+    LIMIT %(limit)s
+),
+checked AS (
+    SELECT b.id,
+           b.dedupe_key IS NOT NULL
+           AND (row_number() OVER (PARTITION BY b.dedupe_key ORDER BY b.finished_at, b.id) > 1
+                OR EXISTS (SELECT 1 FROM {schema}.tasks AS h
+                            WHERE h.dedupe_key = b.dedupe_key
+                              AND h.state IN ('scheduled', 'queued', 'in_progress'))) AS taken
+      FROM batch AS b
+),
+moved AS (
+    UPDATE {schema}.tasks AS t
+       SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
+           lease_expires_at = NULL
+     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
+    RETURNING t.id
+)
+SELECT (SELECT count(*) FROM batch) AS seen,
+       (SELECT count(*) FROM moved) AS requeued,
+       ARRAY(SELECT id FROM checked WHERE taken ORDER BY id) AS skipped,
+       (SELECT finished_at FROM batch WHERE finished_at IS NOT NULL
+         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_at,
+       (SELECT id FROM batch WHERE finished_at IS NOT NULL
+         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_id,
+       (SELECT max(id) FROM batch WHERE finished_at IS NULL) AS last_undated_id;
+
+-- name: db_now
+SELECT now() AS now;
 
 -- name: cancel_task
--- Only a task that has not started can be cancelled; a running one finishes or fails on its own.
+-- Only a task that has not started can be cancelled (scheduled or queued); a running one finishes
+-- or fails on its own.
 UPDATE {schema}.tasks
    SET state = 'cancelled', finished_at = now()
- WHERE id = %(id)s AND state = 'queued'
+ WHERE id = %(id)s AND state IN ('scheduled', 'queued')
 RETURNING id;
 
 -- name: wake

@@ -323,18 +323,36 @@ UPDATE {schema}.tasks AS t
 RETURNING t.id, t.queue, t.task, t.state::text AS state;
 
 -- name: purge
--- Retention: delete finished rows in small batches, oldest first, from the finished index. Cron
--- rows are kept at least `cron_keep_seconds` so that a late, clock-skewed node cannot enqueue the
--- same slot again.
+-- Retention: delete finished rows past their retention in small batches, oldest first. Done and
+-- cancelled rows (kept `done_seconds`) and failed ones (kept `failed_seconds` too, usually much
+-- longer) are read from two indexes (schema/0007), so a round reads only the entries it deletes
+-- and never walks the failures it keeps. Done rows go first; failed ones fill what is left of the
+-- batch. Cron rows are kept at least `cron_keep_seconds` so that a late, clock-skewed node cannot
+-- enqueue the same slot again.
 DELETE FROM {schema}.tasks
  WHERE id = ANY(ARRAY(
-    SELECT id
-      FROM {schema}.tasks
-     WHERE state IN ('done', 'failed', 'cancelled')
-       AND finished_at < now() - make_interval(secs => %(done_seconds)s)
-       AND (state <> 'failed' OR finished_at < now() - make_interval(secs => %(failed_seconds)s))
-       AND (cron_key IS NULL OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
-     ORDER BY finished_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+    SELECT id FROM (
+        SELECT id FROM (
+            SELECT id
+              FROM {schema}.tasks
+             WHERE state IN ('done', 'cancelled')
+               AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+               AND (cron_key IS NULL
+                    OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+             ORDER BY finished_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS done
+        UNION ALL
+        SELECT id FROM (
+            SELECT id
+              FROM {schema}.tasks
+             WHERE state = 'failed'
+               AND finished_at < now() - make_interval(secs => %(failed_seconds)s)
+               AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+               AND (cron_key IS NULL
+                    OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+             ORDER BY finished_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS failed
+        LIMIT %(limit)s) AS expired
  ));

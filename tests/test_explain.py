@@ -1,0 +1,445 @@
+"""Every statement that `worker status`, the status page, the metrics collector, purge and
+`worker retry --failed` run, on a task table of 5M rows (issue 11): no sequential scan of the task
+table, and under 200 ms each. Then the commands themselves, on that table.
+
+The table is built once per test run, in a schema of its own: 4M finished rows (1M of them failed,
+over the week failures are kept), 1M waiting (900k scheduled), a few thousand running, in ten
+queues and five priorities; a queue that no worker serves, a task no worker has a handler for,
+failures whose dedupe key a queued task holds, cron rows, and rows past their retention for purge.
+
+Each statement runs under EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) in a transaction that is rolled
+back, with JIT off as the code runs it (queries/admin.sql, no_jit). TIMING OFF: per-node clock
+reads would add more than the counting itself to the statements that count index entries. The
+time asserted is the fastest of three runs: the machine is shared, and the first run also warms
+the cache.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from worker import _admin
+from worker._migrate import migrate
+from worker._sql import notify_channel, parse_named, queries
+from worker.cli.main import main
+from worker.monitor.collector import DatabaseCollector
+from worker.monitor.instruments import DEFAULT_COUNT_CAP
+from worker.monitor.readmodel import FINISHED_CAP, MAX_QUEUES, REST_CAP, Database
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT_MS = 200.0
+QUEUES = ["default", "mail", "reports", "images", "webhooks", "billing", "exports"]
+PRIORITIES = "ARRAY[-5, 0, 0, 5, 10]"
+KEEP_DONE, KEEP_FAILED, CRON_KEEP = 3600, 7 * 86400, 86400
+TIMINGS: dict[str, float] = {}
+
+# Rows per block, in id order: (what, rows). Their sum is the table.
+BLOCKS = [
+    ("done", 2_897_000),  # over the last 40 minutes (kept for an hour)
+    ("done past retention", 3_000),
+    ("cancelled", 100_000),
+    ("failed", 999_000),  # over the last week (kept)
+    ("failed past retention", 1_000),
+    ("queued", 98_696),  # with the two blocks below: 100,000 due
+    ("scheduled", 900_000),  # 2,000 of them handed back: a task no worker has
+    ("in_progress", 2_000),
+    ("queued in a queue nobody serves", 1_204),
+    ("failed in small queues", 600),  # 300 in each; 50 of each with a key a queued task holds
+    ("queued holding those keys", 100),
+    ("cron", 2_000),
+]
+
+
+# The queue of row g, skewed: default gets three shares, mail two, the others one each.
+SHARES = ["default", "default", "default", "mail", "mail", *QUEUES[2:]]
+QUEUE_OF_G = f"(ARRAY{SHARES})[1 + g % {len(SHARES)}]"
+
+
+def _inserts(s: str) -> list[str]:
+    """INSERT ... SELECT statements that fill the table, with explicit ids (no sequence calls)."""
+    q = QUEUE_OF_G
+    t = f"{s}.tasks"
+    prio = f"({PRIORITIES})[1 + g % 5]"
+    task = "'app.task_' || (g % 20)"
+    # A constant (gen_random_uuid() per row alone took 15 s of the build); no statement here
+    # reads finished rows by worker.
+    worker = "'00000000-0000-4000-8000-000000000001'::uuid"
+    sql = []
+    first = 0
+
+    def block(columns: str, select: str, n: int) -> None:
+        nonlocal first
+        sql.append(
+            f"INSERT INTO {t} (id, {columns}) SELECT {first} + g, {select}"
+            f" FROM generate_series(1, {n}) AS g"
+        )
+        first += n
+
+    n = dict(BLOCKS)
+
+    def ago(seconds: str) -> str:
+        return f"now() - ({seconds}) * interval '1 second'"
+
+    def over(seconds: float, rows: int) -> str:
+        """Row g's share of ``seconds`` (float8 arithmetic: numeric would double the build)."""
+        return f"g::float8 * {seconds / rows!r}"
+
+    # Times leave an hour's slack (20 minutes for done rows): the table ages while the run goes on.
+    spread = over(2400, n["done"])  # the done rows over the last 40 minutes
+    cancelled_spread = over(3000, n["cancelled"])
+    failed_spread = over(KEEP_FAILED - 3600, n["failed"])  # the week they are kept
+    block(
+        "queue, task, priority, state, attempts, run_at, created_at, started_at, finished_at,"
+        " worker_id",
+        f"{q}, {task}, {prio}, 'done', 1, {ago(spread + ' + 6')}, {ago(spread + ' + 6')},"
+        f" {ago(spread + ' + 1')}, {ago(spread)}, {worker}",
+        n["done"],
+    )
+    block(
+        "queue, task, state, attempts, finished_at",
+        f"{q}, {task}, 'done', 1, {ago(f'{KEEP_DONE} + 60 + g')}",
+        n["done past retention"],
+    )
+    block(
+        "queue, task, state, finished_at",
+        f"{q}, {task}, 'cancelled', {ago(cancelled_spread)}",
+        n["cancelled"],
+    )
+    block(
+        "queue, task, priority, state, attempts, max_attempts, last_error, dedupe_key, finished_at",
+        f"{q}, {task}, {prio}, 'failed', 5, 5,"
+        " 'ValueError: could not process record ' || g, CASE WHEN g % 10 = 0 THEN 'k' || g END,"
+        f" {ago(failed_spread)}",
+        n["failed"],
+    )
+    block(
+        "queue, task, state, attempts, last_error, finished_at",
+        f"{q}, {task}, 'failed', 5, 'old', {ago(f'{KEEP_FAILED} + 60 + g')}",
+        n["failed past retention"],
+    )
+    block(
+        "queue, task, priority, state, run_at, dedupe_key",
+        f"{q}, {task}, {prio}, 'queued', {ago('g % 900')}, CASE WHEN g % 10 = 0 THEN 'q' || g END",
+        n["queued"],
+    )
+    block(
+        "queue, task, priority, state, run_at, handed_back, last_error",
+        f"{q}, CASE WHEN g % 450 = 0 THEN 'ghost.task' ELSE {task} END, {prio}, 'scheduled',"
+        f" now() + ({over(86400, n['scheduled'])} + 3600) * interval '1 second',"
+        " CASE WHEN g % 450 = 0 THEN 1 + g % 3 ELSE 0 END,"
+        " CASE WHEN g % 450 = 0 THEN 'UnknownTask: no handler for ghost.task' END",
+        n["scheduled"],
+    )
+    block(
+        "queue, task, state, attempts, worker_id, started_at, lease_expires_at",
+        f"{q}, {task}, 'in_progress', 1, {worker}, now(), now() + interval '1 hour'",
+        n["in_progress"],
+    )
+    block(
+        "queue, task, state, run_at",
+        f"'mial', {task}, 'queued', now() - interval '5 minutes'",
+        n["queued in a queue nobody serves"],
+    )
+    block(
+        "queue, task, state, attempts, last_error, finished_at, dedupe_key",
+        "CASE WHEN g % 2 = 0 THEN 'small' ELSE 'retry-me' END, 'app.task_2', 'failed', 5,"
+        f" 'boom', {ago('g')}, CASE WHEN g <= 100 THEN 'dup-' || g END",
+        n["failed in small queues"],
+    )
+    block(
+        "queue, task, state, dedupe_key",
+        "CASE WHEN g % 2 = 0 THEN 'small' ELSE 'retry-me' END, 'app.task_2', 'queued', 'dup-' || g",
+        n["queued holding those keys"],
+    )
+    block(
+        "queue, task, state, cron_key, cron_at, finished_at",
+        "'default', 'app.cron', 'done', 'cron-' || (g % 5), now() - g * interval '1 minute',"
+        " now() - g * interval '1 minute'",
+        n["cron"],
+    )
+    return sql
+
+
+def _build(conn: psycopg.Connection, s: str) -> None:
+    """Bulk load: indexes are dropped first and built afterwards (what CREATE INDEX builds is the
+    same index an insert would have grown, at a fraction of the time), triggers and autovacuum
+    are off while the rows go in."""
+    t = f"{s}.tasks"
+    conn.execute(f"ALTER TABLE {t} SET (autovacuum_enabled = false)")
+    conn.execute(f"ALTER TABLE {t} DISABLE TRIGGER USER")
+    indexes = conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes"
+        " WHERE schemaname = %s AND tablename = 'tasks' AND indexname <> 'tasks_pkey'",
+        (s,),
+    ).fetchall()
+    for name, _ in indexes:
+        conn.execute(f"DROP INDEX {s}.{name}")
+    for statement in _inserts(s):
+        conn.execute(statement)
+    conn.execute("SET maintenance_work_mem = '256MB'")
+    for _, definition in indexes:
+        conn.execute(definition)
+    conn.execute(f"ALTER TABLE {t} ENABLE TRIGGER USER")
+    conn.execute(f"ALTER TABLE {t} RESET (autovacuum_enabled)")
+    total = sum(n for _, n in BLOCKS)
+    conn.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s)", (t, total))
+    conn.execute(
+        f"INSERT INTO {s}.workers (id, host, pid, queues, concurrency, tasks)"
+        " SELECT gen_random_uuid(), 'host-' || g, 1000 + g, %s, 10,"
+        "        ARRAY(SELECT 'app.task_' || i FROM generate_series(0, 19) AS i)"
+        "   FROM generate_series(1, 4) AS g",
+        ([*QUEUES, "small", "retry-me"],),
+    )
+    conn.execute(
+        f"INSERT INTO {s}.workers (id, host, pid, queues, concurrency, stopped_at)"
+        " VALUES (gen_random_uuid(), 'gone', 1, ARRAY['mial'], 1, now() - interval '1 hour')"
+    )
+    conn.execute(f"VACUUM ANALYZE {t}")
+    conn.execute(f"VACUUM ANALYZE {s}.workers")
+
+
+@pytest.fixture(scope="session")
+def big(pg_dsn: str) -> Iterator[str]:
+    name = f"x_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        try:
+            migrate(conn, name)
+            start = time.monotonic()
+            _build(conn, name)
+            built = time.monotonic() - start
+            rows = conn.execute(f"SELECT count(*) FROM {name}.tasks").fetchone()
+            assert rows is not None and rows[0] == sum(n for _, n in BLOCKS)
+            print(f"\n{rows[0]:,} rows built in {built:.1f} s")
+            yield name
+        finally:
+            conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+            if TIMINGS:
+                print("\nstatement timings (ms, fastest of three):")
+                for stmt, ms in sorted(TIMINGS.items()):
+                    print(f"  {stmt:32s} {ms:8.1f}")
+
+
+@pytest.fixture(autouse=True)
+def live_workers(request: pytest.FixtureRequest) -> None:
+    """The registered workers stay live (a recent heartbeat) however long the run takes."""
+    if "big" in request.fixturenames:
+        schema = request.getfixturevalue("big")
+        dsn = request.getfixturevalue("pg_dsn")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                f"UPDATE {schema}.workers SET heartbeat_at = now() WHERE stopped_at IS NULL"
+            )
+
+
+# -- the statements and their parameters ---------------------------------------------------------
+
+
+def _one_id(conn: psycopg.Connection, s: str, where: str) -> int:
+    row = conn.execute(f"SELECT id FROM {s}.tasks WHERE {where} LIMIT 1").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _retry_params(queue: str | None) -> Callable[[psycopg.Connection, str], dict[str, Any]]:
+    def params(conn: psycopg.Connection, s: str) -> dict[str, Any]:
+        return {
+            "queue": queue,
+            "before": datetime.now(UTC),
+            "after_at": datetime(1, 1, 1, tzinfo=UTC),
+            "after_id": 0,
+            "after_undated_id": 0,
+            "limit": _admin.RETRY_BATCH,
+        }
+
+    return params
+
+
+def _no_params(conn: psycopg.Connection, s: str) -> dict[str, Any]:
+    return {}
+
+
+def _fixed(**values: Any) -> Callable[[psycopg.Connection, str], dict[str, Any]]:
+    return lambda conn, s: values
+
+
+# Every statement of queries/admin.sql and queries/metrics.sql, and purge, with the parameters
+# the code gives it. A statement added to those files fails test_every_statement_is_listed until
+# it is listed here, so none skips the guard.
+STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
+    # queries/admin.sql
+    "queue_stats": _fixed(
+        cap=DEFAULT_COUNT_CAP,
+        failed_cap=DEFAULT_COUNT_CAP,
+        max_queues=MAX_QUEUES,
+        alive_seconds=_admin.ALIVE_SECONDS,
+    ),
+    "queue_rest": _fixed(after="billing", listed=[], cap=REST_CAP),
+    "finished_counts": _fixed(cap=FINISHED_CAP),
+    "queue_state_estimates": _fixed(
+        queues=[q for q in QUEUES for _ in _admin.STATES],
+        states=[st for _ in QUEUES for st in _admin.STATES],
+    ),
+    "no_jit": _no_params,
+    "recent_failed": _fixed(limit=20, chars=2**31 - 1),
+    "workers": _fixed(limit=_admin.MAX_QUEUES),
+    "missing_handlers": _fixed(
+        alive_seconds=_admin.ALIVE_SECONDS,
+        cap=_admin.STATUS_CAP,
+        max_tasks=_admin.MAX_TASKS,
+        queues=[*QUEUES, "mial"],
+        sample=_admin.SAMPLE,
+        limit=100,
+    ),
+    "get_task": lambda conn, s: {"id": _one_id(conn, s, "state = 'failed'")},
+    "retry_task": lambda conn, s: {
+        "id": _one_id(conn, s, "state = 'failed' AND dedupe_key IS NULL")
+    },
+    "retry_failed_queue": _retry_params("small"),
+    "retry_failed_all": _retry_params(None),
+    "db_now": _no_params,
+    "cancel_task": lambda conn, s: {"id": _one_id(conn, s, "state = 'scheduled'")},
+    "wake": lambda conn, s: {"channel": notify_channel(s)},
+    # queries/metrics.sql
+    "metrics_state_estimates": lambda conn, s: {"schema": s},
+    "metrics_workers_alive": _fixed(alive_seconds=_admin.ALIVE_SECONDS),
+    "status_page_cron_runs": _fixed(limit=101),
+    "status_page_table_exists": lambda conn, s: {"name": f"{s}.locks"},
+    "status_page_cron_schedules": _fixed(limit=101),
+    "status_page_locks": _fixed(limit=101),
+    "status_page_advisory_locks": _fixed(limit=101),
+    "metrics_current_xact_id": _no_params,
+    "metrics_xact_status": lambda conn, s: {
+        "xid": conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]  # type: ignore[index]
+    },
+    # queries/tasks.sql: retention
+    "purge": _fixed(
+        done_seconds=KEEP_DONE,
+        failed_seconds=KEEP_FAILED,
+        cron_keep_seconds=CRON_KEEP,
+        limit=5000,
+    ),
+}
+
+
+def _named(path: str) -> set[str]:
+    return set(parse_named((ROOT / "worker" / "queries" / path).read_text()))
+
+
+def test_every_statement_is_listed() -> None:
+    guarded = _named("admin.sql") | _named("metrics.sql") | {"purge"}
+    assert guarded == set(STATEMENTS), (
+        f"not guarded: {sorted(guarded - set(STATEMENTS))}; "
+        f"listed but gone: {sorted(set(STATEMENTS) - guarded)}"
+    )
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def explain(conn: psycopg.Connection, schema: str, name: str) -> tuple[float, dict[str, Any]]:
+    """(execution ms, plan) of one run, rolled back."""
+    q = queries(schema)
+    with conn.transaction(force_rollback=True):
+        conn.execute(q["no_jit"])
+        params = STATEMENTS[name](conn, schema)
+        row = conn.execute(
+            b"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + q[name].as_bytes(conn),
+            params,
+        ).fetchone()
+    assert row is not None
+    return float(row[0][0]["Execution Time"]), row[0][0]["Plan"]
+
+
+@pytest.mark.parametrize("name", sorted(STATEMENTS))
+def test_statement_reads_indexes_and_is_fast(conn: psycopg.Connection, big: str, name: str) -> None:
+    runs = [explain(conn, big, name) for _ in range(3)]
+    ms, plan = min(runs, key=lambda r: r[0])
+    TIMINGS[name] = ms
+    scans = [
+        n
+        for n in _nodes(plan)
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "tasks"
+    ]
+    assert not scans, f"{name}: sequential scan of the task table"
+    assert ms < LIMIT_MS, f"{name}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
+
+
+def test_purge_reads_only_what_it_deletes(conn: psycopg.Connection, big: str) -> None:
+    """Kept failures are not walked: besides the rows it deletes, purge reads only the cron rows
+    still in their keep window (the old statement read every failure kept, 999,000 of them here,
+    before it reached the expired done rows)."""
+    _, plan = explain(conn, big, "purge")
+    removed = sum(n.get("Rows Removed by Filter", 0) for n in _nodes(plan))
+    assert removed <= dict(BLOCKS)["cron"], removed
+    with conn.transaction(force_rollback=True):
+        expired = conn.execute(
+            f"SELECT count(*) FROM {big}.tasks WHERE state IN ('done', 'failed', 'cancelled')"
+            " AND finished_at < now() - make_interval(secs => CASE WHEN state = 'failed'"
+            f" THEN {KEEP_FAILED} ELSE {KEEP_DONE} END) AND (cron_key IS NULL"
+            f" OR finished_at < now() - make_interval(secs => {CRON_KEEP}))"
+        ).fetchone()
+        deleted = conn.execute(queries(big)["purge"], STATEMENTS["purge"](conn, big)).rowcount
+    assert expired is not None and deleted == expired[0] > dict(BLOCKS)["failed past retention"]
+
+
+# -- the commands ---------------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.monotonic()
+    value = fn()
+    return time.monotonic() - start, value
+
+
+def test_worker_status_is_quick_and_names_the_routing_problems(
+    pg_dsn: str, big: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seconds, code = _timed(lambda: main(["status", "--dsn", pg_dsn, "--schema", big]))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert seconds < 1.5, seconds
+    assert "no live worker serves queue 'mial' (1,204 task(s) waiting)" in out
+    assert "task 'ghost.task' has no handler in any live worker (2,000 handed back" in out
+    assert re.search(r"^default\s+≈", out, re.MULTILINE), out  # past the cap: the estimate
+    TIMINGS["(command) worker status"] = seconds * 1000
+
+
+def test_metrics_scrape_is_quick(pg_dsn: str, big: str) -> None:
+    db = Database(pg_dsn, big, ttl=0)
+    try:
+        seconds, families = _timed(lambda: list(DatabaseCollector(db).collect()))
+        page_seconds, page = _timed(db.page)
+    finally:
+        db.close()
+    by_name = {f.name: f for f in families}
+    assert by_name["worker_database_up"].samples[0].value == 1.0
+    unserved = {s.labels["queue"]: s.value for s in by_name["worker_queue_unserved_tasks"].samples}
+    assert unserved["mial"] == 1204
+    assert seconds < 1.0 and page_seconds < 1.0, (seconds, page_seconds)
+    assert page.error is None
+    TIMINGS["(command) metrics scrape"] = seconds * 1000
+    TIMINGS["(command) status page data"] = page_seconds * 1000
+
+
+def test_retry_failed_on_a_small_queue_is_quick_and_skips_taken_keys(
+    pg_dsn: str, big: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["retry", "--failed", "--queue", "retry-me", "--json", "--dsn", pg_dsn, "--schema", big]
+    seconds, code = _timed(lambda: main(args))
+    assert code == 0
+    out = capsys.readouterr().out
+    assert '"requeued": 250' in out and '"dedupe_key_taken": 50' in out, out
+    assert seconds < 1.0, seconds
+    TIMINGS["(command) worker retry --failed --queue"] = seconds * 1000
