@@ -3,8 +3,8 @@ the metrics collector.
 
 Every view is bounded on a table of any size (see queries/admin.sql): counts stop at a cap, and
 where one does, the planner's estimate is shown beside it. Single-row actions are in
-``_transitions``, with every other change of a task's state; ``retry_failed`` runs its batches
-here, because it reports what it skipped.
+``_transitions``, with every other change of a task's state; ``retry_failed`` walks the batches
+of ``tr.retry_failed_batch`` here, because it reports what it skipped.
 """
 
 from __future__ import annotations
@@ -356,7 +356,6 @@ def retry_failed(
     statement, oldest failure first. A task whose dedupe key is taken stays failed and is counted
     in ``skipped``; the others are retried all the same."""
     q = queries(schema)
-    statement = q["retry_failed_all" if queue is None else "retry_failed_queue"]
     row = conn.execute(q["db_now"]).fetchone()
     assert row is not None
     params: dict[str, Any] = {
@@ -371,9 +370,7 @@ def retry_failed(
     while True:
         for attempt in range(3):
             try:
-                with conn.transaction():
-                    conn.execute(q["no_jit"])
-                    row = conn.execute(statement, params).fetchone()
+                row = tr.retry_failed_batch(conn, q, params)
                 break
             except psycopg.errors.UniqueViolation:
                 # A producer took a key between the check and the update: the batch runs again

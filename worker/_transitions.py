@@ -321,12 +321,18 @@ def retry_task(conn: psycopg.Connection, q: Queries, *, task_id: int, channel: s
     return ok
 
 
-def retry_failed(conn: psycopg.Connection, q: Queries, *, queue: str | None, channel: str) -> int:
-    """Every failed task (of ``queue``, or all) -> queued; returns how many."""
-    n = len(conn.execute(q["retry_failed"], {"queue": queue}).fetchall())
-    if n:
-        conn.execute(q["wake"], {"channel": channel})
-    return n
+def retry_failed_batch(
+    conn: psycopg.Connection, q: Queries, params: Mapping[str, Any]
+) -> tuple[Any, ...]:
+    """One batch of `worker retry --failed`: failed -> queued for rows whose dedupe key is free
+    (see queries/admin.sql). Returns (seen, requeued, skipped ids, keyset position...); the
+    caller (``_admin.retry_failed``) walks the batches and reports."""
+    statement = q["retry_failed_all" if params["queue"] is None else "retry_failed_queue"]
+    with conn.transaction():
+        conn.execute(q["no_jit"])
+        row = conn.execute(statement, params).fetchone()
+    assert row is not None
+    return tuple(row)
 
 
 def cancel_task(conn: psycopg.Connection, q: Queries, *, task_id: int) -> bool:
