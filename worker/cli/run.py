@@ -139,16 +139,23 @@ def _warn_unknown_queues(args: argparse.Namespace) -> None:
     """A queue in --queues that none of the module's tasks is routed to is most often a typo:
     the worker would wait on it forever while the tasks pile up in the queue they declare."""
     known = set(registry.queues()) | {DEFAULT_QUEUE}
-    for name in dict.fromkeys(q for q in (args.queues or "").split(",") if q):
-        if name not in known:
-            shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
-            log.warning(
-                "--queues names %r, the queue of no task that %s registers (theirs: %s): only "
-                "tasks a producer puts there explicitly will run; check the name",
-                name,
-                args.module,
-                shown,
-            )
+    odd = [
+        n for n in dict.fromkeys(q for q in (args.queues or "").split(",") if q) if n not in known
+    ]
+    if not odd:
+        return
+    # One line however many names: 200 typos are one mistake, not 200 log lines.
+    names = ", ".join(repr(n[:100]) for n in odd[:5]) + (
+        f" and {len(odd) - 5} more" if len(odd) > 5 else ""
+    )
+    shown = ", ".join(sorted(known)[:10]) + (", ..." if len(known) > 10 else "")
+    log.warning(
+        "--queues names %s, the queue of no task that %s registers (theirs: %s): only tasks a "
+        "producer puts there explicitly will run; check the name",
+        names,
+        args.module,
+        shown,
+    )
 
 
 def _hide_dsns_from_argv(args: argparse.Namespace) -> None:
