@@ -273,3 +273,18 @@ def test_json_payload_survives(conn: psycopg.Connection, schema: str) -> None:
         f"SELECT state::text, payload::text FROM {schema}.tasks WHERE id = %s", (task_id,)
     ).fetchone()
     assert row is not None and row[0] == "queued" and json.loads(row[1]) == {"a": [1, 2]}
+
+
+def test_a_worker_of_many_queues_finds_work_without_notifications(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """Serving 50 queues without LISTEN, the claim no longer reads every queue on each poll: the
+    maintenance thread asks which queues hold work, and the claim reads those. Rows still run."""
+    reg = worker.Registry()
+    done: list[str] = []
+    reg.task("t")(lambda p: done.append(p["q"]))
+    names = [f"q{i}" for i in range(50)]
+    with thread_worker(reg, queues=names, listen=False, poll_interval=0.2):
+        for name in ("q3", "q49", "q17"):
+            worker.enqueue(conn, "t", {"q": name}, queue=name, schema=schema)
+        wait_until(lambda: sorted(done) == ["q17", "q3", "q49"], timeout=10)

@@ -32,6 +32,8 @@ class Claim:
     rows: list[tr.Claimed]
 
 
+# Beyond this many queues, the poll asks which queues hold work before claiming (polls_all).
+MANY_QUEUES = 8
 # Rows promoted per statement; more wait for the next claim, which comes at once (see claim).
 PROMOTE_LIMIT = 1000
 
@@ -70,7 +72,7 @@ class Batcher:
         # Rows that commit up to this far behind the cursor are still found by the claim (and
         # promotion, which runs when the next row is due, is seldom later than that).
         self.cursor = tr.ClaimCursor(1.0, rows=2 * batch_size)
-        self._hot: set[str] = set(self.queues)
+        self._hot: set[str] = set(self.queues)  # the first claim reads every queue
         self._poll_at = 0.0  # monotonic time of the next claim over every queue
         self._promote_at = 0.0  # monotonic time of the next promotion
         self._turn = 0
@@ -87,8 +89,19 @@ class Batcher:
         self._hot.update(names)
         return bool(names)
 
+    def mark(self, names: Sequence[str]) -> None:
+        """These queues hold work (the maintenance thread's poll): read them next."""
+        self._hot.update(n for n in names if n in self._served)
+
     def wake_all(self) -> None:
         self._hot.update(self.queues)
+
+    @property
+    def polls_all(self) -> bool:
+        """Whether the poll claims over every queue. A worker serving many queues leaves the
+        poll to the maintenance thread instead (``tr.due_queues``, one index probe per queue,
+        off the claim path), which names the queues that hold work."""
+        return len(self.queues) <= MANY_QUEUES
 
     def wants_claim(self, now: float) -> bool:
         """A queue may hold work, or it is time to poll or promote."""
@@ -131,7 +144,8 @@ class Batcher:
         """Promote due scheduled rows when it is time, then claim up to ``free`` rows of the
         queues that may hold work, in one statement. None when no queue needs reading."""
         if now >= self._poll_at:
-            self._hot.update(self.queues)
+            if self.polls_all:
+                self._hot.update(self.queues)
             self._poll_at = now + self.poll_interval
         if now >= self._promote_at:
             promoted = tr.promote(conn, self.q, limit=PROMOTE_LIMIT, channel=self.channel)
@@ -233,4 +247,4 @@ def log_acknowledged(jobs: list[Job], kept: set[int], states: dict[int, str]) ->
     return completed
 
 
-__all__ = ["PROMOTE_LIMIT", "Batcher", "Claim", "failure", "log_acknowledged"]
+__all__ = ["MANY_QUEUES", "PROMOTE_LIMIT", "Batcher", "Claim", "failure", "log_acknowledged"]

@@ -154,6 +154,11 @@ def claim(
     return claimed
 
 
+def due_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:
+    """Of ``queues``, those holding a row ready to claim (a read; it changes nothing)."""
+    return [r[0] for r in conn.execute(q["due_queues"], {"queues": list(queues)}).fetchall()]
+
+
 def behind(conn: psycopg.Connection, q: Queries, cursor: ClaimCursor) -> list[str]:
     """Queues with a claimable row behind the cursor's look-back window (see ClaimCursor)."""
     names = cursor.placed()

@@ -340,6 +340,9 @@ class Worker:
                 woken = True
             elif item[0] == "notify":
                 woken = self.batcher.notified(item[1]) or woken
+            elif item[0] == "due":
+                self.batcher.mark(item[1])
+                woken = True
             elif item[0] == "behind":
                 self.batcher.reset(item[1])
                 woken = True
@@ -531,6 +534,10 @@ class Worker:
         names = tr.behind(conn, self.q, self.batcher.cursor)
         if names:
             self._events.put(("behind", names))
+        if not self.batcher.polls_all:
+            due = tr.due_queues(conn, self.q, self.queues)
+            if due:
+                self._events.put(("due", due))
 
     def _rescued(self, rows: list[tuple[int, str, str, str]]) -> None:
         """On the maintenance thread, inside the rescue's counted transaction."""

@@ -61,11 +61,12 @@ SELECT count(*) AS n,
  WHERE state = 'done' AND queue = %(queue)s;
 
 -- name: bench_claim_backends
--- The server processes of the worker's claim connections (application_name 'worker', see
--- worker/_worker.py), whose CPU time the light-load phases read from /proc when the server runs
+-- The server processes of the worker's connections: claims ('worker'), the lease keeper and the
+-- maintenance thread ('worker-lease', 'worker-maintenance'), so that work moved off the claim
+-- path still counts. The light-load phases read their CPU time from /proc when the server runs
 -- on this machine. Other workers on the same database would be counted too: bench alone.
 SELECT pid FROM pg_stat_activity
- WHERE datname = current_database() AND application_name = 'worker';
+ WHERE datname = current_database() AND application_name LIKE 'worker%%';
 
 -- name: bench_server_is_local
 -- NULL over a Unix socket.

@@ -137,6 +137,16 @@ RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, 
           -- For the metrics journal (worker/_journal.py): saves it a round trip per batch.
           pg_current_xact_id()::text AS xid;
 
+-- name: due_queues
+-- Of the given queues, those with a row ready to claim: one index probe each, no lock. The
+-- maintenance thread of a worker serving many queues asks this once a second, instead of the
+-- claim reading every queue (see Batcher).
+SELECT q.name
+  FROM unnest(%(queues)s::text[]) AS q(name)
+ WHERE EXISTS (
+    SELECT 1 FROM {schema}.tasks
+     WHERE state = 'queued' AND queue = q.name AND run_at <= now());
+
 -- name: behind
 -- The queues (of those given) with a claimable row that committed further behind this worker's
 -- cursor than the claim's look-back window: a producer transaction that ran long, or a run_at set
