@@ -154,13 +154,17 @@ SELECT names.queue,
 -- Queued and scheduled tasks of the queues past the point where queue_stats stopped its name
 -- scans (queues it listed anyway, because they run or are served, excluded), counted together up
 -- to %(cap)s each: one bounded range scan per state, however many queues lie there.
+-- ORDER BY queue keeps the plan on the state's index (a range from %(after)s): without it the
+-- planner may pick a sequential scan that stops early only when rows match early (seen on PG 16).
 SELECT (SELECT count(*)
           FROM (SELECT 1 FROM {schema}.tasks AS t
                  WHERE t.state = 'queued' AND t.queue > %(after)s AND t.queue <> ALL(%(listed)s)
+                 ORDER BY t.queue
                  LIMIT %(cap)s) AS c) AS queued,
        (SELECT count(*)
           FROM (SELECT 1 FROM {schema}.tasks AS t
                  WHERE t.state = 'scheduled' AND t.queue > %(after)s AND t.queue <> ALL(%(listed)s)
+                 ORDER BY t.queue
                  LIMIT %(cap)s) AS c) AS scheduled;
 
 -- name: finished_counts
