@@ -225,3 +225,14 @@ def test_two_worker_processes_share_the_work_and_never_run_a_task_twice(
         " AND tstzrange(a.started, a.finished) && tstzrange(b.started, b.finished)"
     ).fetchone()[0]
     assert overlaps == 0
+
+
+def test_demo_says_settled_only_when_its_retries_have_run(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """The demo's first attempts fail on purpose and retry after a backoff, as scheduled rows:
+    "settled" must wait for them, so the table then holds done rows and the one bad address."""
+    r = run_cli("demo", "--dsn", pg_dsn, "--schema", schema, "--tasks", "300", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "settled" in r.stdout
+    assert states(conn, schema) == {"done": 299, "failed": 1}

@@ -116,7 +116,8 @@ def _produce_and_watch(
             + ", ".join(f"{k} {v}" for k, v in totals.items() if v)
             + f" ({len(st.workers)} workers)"
         )
-        if totals.get("queued", 0) + totals.get("in_progress", 0) == 0:
+        # Retries wait as scheduled (their backoff): not settled until they ran.
+        if sum(totals.get(k, 0) for k in ("scheduled", "queued", "in_progress")) == 0:
             break
         if time.monotonic() - start > 300:
             print("demo: tasks did not settle within 5 minutes", file=sys.stderr)
