@@ -93,10 +93,6 @@ class Batcher:
         """These queues hold work (the maintenance thread's poll): read them next."""
         self._hot.update(n for n in names if n in self._served)
 
-    def wake_all(self) -> None:
-        self._hot.update(self.queues)
-
-    @property
     def polls_all(self) -> bool:
         """Whether the poll claims over every queue. A worker serving many queues leaves the
         poll to the maintenance thread instead (``tr.due_queues``, one index probe per queue,

@@ -325,27 +325,24 @@ class Worker:
             wait = min(wait, max(self.batcher.next_deadline() - now, 0.0))
         return max(wait, 0.001)
 
-    def _collect(self, *, block: bool, timeout: float) -> bool:
+    def _collect(self, *, block: bool, timeout: float) -> None:
         """Take what the other threads reported; block for the first report when idle."""
-        woken = False
         try:
             item = self._events.get(timeout=timeout) if block else self._events.get_nowait()
         except queue_mod.Empty:
-            return False
+            return
         while True:
             if isinstance(item, Outcome):
                 with self._hooks_lock:  # hooks hear one thread at a time (see counted)
                     self._record(item)
             elif item is _WAKE:
-                woken = True
+                pass  # stop() wakes the loop; the loop reads the stop flag itself
             elif item[0] == "notify":
-                woken = self.batcher.notified(item[1]) or woken
+                self.batcher.notified(item[1])
             elif item[0] == "due":
                 self.batcher.mark(item[1])
-                woken = True
             elif item[0] == "behind":
                 self.batcher.reset(item[1])
-                woken = True
             elif item[0] == "started":
                 self.table.started(*item[1:])
             elif item[0] == "lost":
@@ -354,7 +351,7 @@ class Worker:
             try:
                 item = self._events.get_nowait()
             except queue_mod.Empty:
-                return woken
+                return
 
     def _record(self, outcome: Outcome) -> None:
         before = self.table.jobs.get(outcome.token)
