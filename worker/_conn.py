@@ -33,8 +33,10 @@ class OwnConnection:
     """The one connection a worker thread keeps for itself (the claim loop, the lease keeper,
     maintenance), made again on first use after ``close()``: each thread reconnects on its own,
     at its own pace, with no pool backoff in the way. ``timeout_ms`` bounds every statement on
-    it (not behind PgBouncer in transaction mode, ``prepare=False``, where a session setting
-    would leak to other clients)."""
+    it, and ``plans_query`` keeps its cached plans on the indexes (see session_index_plans in
+    tasks.sql). Neither is set behind PgBouncer in transaction mode (``prepare=False``), where a
+    session setting would leak to other clients; nothing is prepared there either, so every
+    statement is planned for the table as it is."""
 
     def __init__(
         self,
@@ -44,12 +46,14 @@ class OwnConnection:
         prepare: bool = True,
         timeout_ms: int | None = None,
         timeout_query: Any = None,
+        plans_query: Any = None,
     ) -> None:
         self.dsn = dsn
         self.name = name
         self.prepare = prepare
         self.timeout_ms = timeout_ms
         self.timeout_query = timeout_query
+        self.plans_query = plans_query
         self._conn: psycopg.Connection | None = None
 
     def get(self) -> psycopg.Connection:
@@ -63,6 +67,8 @@ class OwnConnection:
             )
             if self.prepare and self.timeout_ms and self.timeout_query is not None:
                 self._conn.execute(self.timeout_query, {"ms": str(self.timeout_ms)})
+            if self.prepare and self.plans_query is not None:
+                self._conn.execute(self.plans_query)
         return self._conn
 
     def close(self) -> None:

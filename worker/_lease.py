@@ -63,6 +63,7 @@ class LeaseKeeper:
             prepare=prepare,
             timeout_ms=max(int(lease_seconds * 1000 / 3), 100),
             timeout_query=q["session_statement_timeout"],
+            plans_query=q["session_index_plans"],
         )
         self.last_renewal = time.monotonic()  # when a renewal last succeeded
 

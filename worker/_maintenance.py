@@ -87,6 +87,7 @@ class Maintenance:
             prepare=prepare,
             timeout_ms=_STATEMENT_TIMEOUT_MS,
             timeout_query=q["session_statement_timeout"],
+            plans_query=q["session_index_plans"],
         )
 
     def start(self) -> None:

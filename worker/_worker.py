@@ -103,7 +103,12 @@ class Worker:
         )
         self._last_claim = 0.0
         # The main thread's own connection, made again after an error (no pool backoff).
-        self._conn = OwnConnection(config.dsn, name="worker", prepare=config.prepare)
+        self._conn = OwnConnection(
+            config.dsn,
+            name="worker",
+            prepare=config.prepare,
+            plans_query=self.q["session_index_plans"],
+        )
         self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
         self.exit_code = 0
         self.pool: ConnectionPool | None = None  # for transactional handlers
