@@ -4,6 +4,8 @@ that can run; delays by the database clock."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import threading
 import time
@@ -16,6 +18,7 @@ from psycopg import sql
 import worker
 from worker import _transitions as tr
 from worker._batch import Batcher
+from worker._maintenance import Maintenance, MaintenanceConfig
 from worker._sql import notify_channel, queries
 
 
@@ -348,3 +351,43 @@ def test_a_worker_started_on_an_empty_table_stays_on_the_indexes_as_it_grows(
         time.sleep(2.5)
         read = _table_reads(conn, schema) - before
     assert read < 50000, f"the worker's statements read {read} rows by sequential scans"
+
+
+def test_the_cursor_probe_is_spaced_by_its_own_cost(pg_dsn: str, schema: str) -> None:
+    """The probe for rows behind the cursor walks dead index entries while a long transaction
+    holds vacuum back; each run then costs more. It must not run back to back: a probe that
+    takes 100 ms runs at most about once per 5 s, one that is cheap once a second."""
+    calls: list[float] = []
+
+    def probe(conn: psycopg.Connection, cost: float) -> None:
+        calls.append(time.monotonic())
+        conn.execute("SELECT pg_sleep(%s)", (cost,))
+
+    def run(cost: float, seconds: float) -> list[float]:
+        calls.clear()
+        maintenance = Maintenance(
+            pg_dsn,
+            queries(schema),
+            MaintenanceConfig(
+                rescue_seconds=3600,
+                purge_seconds=3600,
+                keep_done_seconds=3600,
+                keep_failed_seconds=3600,
+                cron_keep_seconds=3600,
+            ),
+            counted=lambda conn: contextlib.nullcontext(),
+            on_rescued=lambda rows: None,
+            on_cron=lambda n: None,
+            cron=None,
+            probe=lambda conn: probe(conn, cost),
+        )
+        maintenance.start()
+        time.sleep(seconds)
+        maintenance.stop()
+        return list(calls)
+
+    cheap = run(0.0, 4.5)
+    assert 3 <= len(cheap) <= 6, cheap
+    costly = run(0.1, 11.0)
+    gaps = [b - a for a, b in itertools.pairwise(costly)]
+    assert 2 <= len(costly) <= 3 and all(g >= 4.5 for g in gaps), gaps
