@@ -93,8 +93,9 @@ def browser(frame: Frame, f: Filter, page: Page, notes: list[str], cursor: str |
             "look further →</a>"
         )
     pager = f'<p class="pager">{" ".join(links)}</p>' if links else ""
-    # Only the first page refreshes itself: a later one would shift under the reader.
-    live = "" if cursor else " data-live"
+    # Only a first page that costs no more than its rows refreshes itself: a later page would
+    # shift under the reader, and a search would walk its rows again every few seconds.
+    live = "" if cursor or f.narrows_walk else " data-live"
     body.append(f'<section id="live-jobs"{live}>{listing}{pager}</section>')
     if frame.can_act:
         if f.empty:
