@@ -92,6 +92,29 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def browse_statement(
+    f: Filter, cursor: str | None, *, limit: int, scan: int, chars: int = ROW_CHARS
+) -> tuple[str, dict[str, Any]]:
+    """The statement of queries/browse.sql that lists a page of ``f`` after ``cursor``, and its
+    parameters: at most ``limit`` rows from a walk of at most ``scan``."""
+    params: dict[str, Any] = {
+        "chars": chars,
+        "queue": f.queue,
+        "task": f.task,
+        "state": f.state,
+        "pattern": f.pattern(),
+        "limit": limit + 2,  # one more than the page, and the walk's marker row
+        # A walk whose every row matches needs no more rows than the page: saying so lets the
+        # planner pick the index that is already in order.
+        "scan": scan if f.narrows_walk else limit + 1,
+        **walk_params(f.mode, cursor),
+    }
+    if f.id is not None:
+        params["id"] = f.id
+        return "browse_id", params
+    return f"browse_{f.mode}", params
+
+
 class ConsoleData:
     def __init__(self, dsn: str, schema: str, *, ttl: float = 10.0, connect_timeout: int = 3):
         self.schema = schema
@@ -159,23 +182,7 @@ class ConsoleData:
         scan: int,
         chars: int = ROW_CHARS,
     ) -> Page:
-        params: dict[str, Any] = {
-            "chars": chars,
-            "queue": f.queue,
-            "task": f.task,
-            "state": f.state,
-            "pattern": f.pattern(),
-            "limit": limit + 2,  # one more than the page, and the walk's marker row
-            # A walk whose every row matches needs no more rows than the page: saying so lets
-            # the planner pick the index that is already in order.
-            "scan": scan if f.narrows_walk else limit + 1,
-            **walk_params(f.mode, cursor),
-        }
-        if f.id is not None:
-            statement = "browse_id"
-            params["id"] = f.id
-        else:
-            statement = f"browse_{f.mode}"
+        statement, params = browse_statement(f, cursor, limit=limit, scan=scan, chars=chars)
         with conn.cursor(row_factory=dict_row) as cur:
             rows = cur.execute(self.q[statement], params).fetchall()
         hits = [r for r in rows if r["hit"]]

@@ -33,6 +33,7 @@ background:#f5f6f8}
 header{background:#1d2430;color:#fff;padding:14px 24px}
 header h1{font-size:19px;margin:0 0 2px}
 header .meta{color:#b8c0cc;font-size:12.5px}
+header a{color:#dfe6ef}
 main{padding:8px 24px 40px;max-width:1400px}
 h2{font-size:16px;margin:26px 0 8px}
 h3{font-size:14px;margin:14px 0 6px;color:#445}
@@ -76,7 +77,7 @@ def render_page(
         f'<div class="meta">schema <code>{esc(schema)}</code> · database <code>{esc(dsn)}</code>'
         f" · schema version {esc(page.version or '?')} (code expects {esc(expected_version)})"
         f" · data as of {esc(when(page.wall))}, refreshed at most every {esc(f'{ttl:g}')} s"
-        "</div></header><main>"
+        ' · <a href="/console/">operator console</a></div></header><main>'
     )
     parts.append(banners(page))
     parts.append(cards(page))
