@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import run_cli, spawn_cli, wait_until
+from psycopg.conninfo import make_conninfo
 from test_metrics import free_port
 from test_monitor_hostile import assert_secure, headers_of, raw_request
 
@@ -499,3 +500,17 @@ def test_a_huge_payload_and_error_are_cut_on_the_task_page(
     assert "e" * 60_000 in page and "more characters]" in page
     status, _, page = request(armed, "GET", "/console/jobs?state=failed")
     assert status == 200 and len(page) < 50_000
+
+
+def test_with_the_database_down_pages_say_so_at_once_without_the_password(schema: str) -> None:
+    down = make_conninfo(host="127.0.0.1", port="1", user="u", password="s3cr3t-pw", dbname="x")
+    server = serve("127.0.0.1", 0, dsn=down, schema=schema, ttl=0, console_token=TOKEN)
+    try:
+        for path in ("/console/", "/console/jobs", "/console/jobs/1", "/console/queues"):
+            start = time.monotonic()
+            status, _, text = request(server, "GET", path)
+            assert status == 503 and "s3cr3t-pw" not in text, path
+            assert "database problem" in text or "connection" in text, path
+            assert time.monotonic() - start < 3.0, path
+    finally:
+        server.stop()

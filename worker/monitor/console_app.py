@@ -150,7 +150,8 @@ class Console:
             f, notes = parse_filter(params)
             cursor = _first(params, "cursor") or None
             page = self.data.browse(f, cursor)
-            return self._html(console_jobs.browser(frame, f, page, notes, cursor))
+            status = HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
+            return self._html(console_jobs.browser(frame, f, page, notes, cursor), status)
         if path == "/console/jobs/bulk":
             return self._bulk_page(params, frame)
         if match := _TASK_PAGE.fullmatch(path):

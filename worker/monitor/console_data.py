@@ -1,19 +1,21 @@
 """The console's own reads and its actions, on connections apart from the status page's.
 
 The status page and /metrics share one cached connection (``readmodel.Database``); a person
-browsing jobs or pressing a button must not make a scrape wait, so the console has a small pool of
-its own. Every read runs in a READ ONLY transaction, and everything (reads and actions) under a
-statement timeout. Job pages are bounded by construction (queries/browse.sql: at most
-``SCAN_ROWS`` rows walked per page); the throughput per minute is counted once per settled minute
-and kept (see ``Throughput``).
+browsing jobs or pressing a button must not make a scrape wait, so the console has up to three
+connections of its own. Every read runs in a READ ONLY transaction, and everything (reads and
+actions) under a statement timeout. Job pages are bounded by construction (queries/browse.sql:
+at most ``SCAN_ROWS`` rows walked per page); the throughput per minute is counted once per
+settled minute and kept (see ``Throughput``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -21,10 +23,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
-from psycopg_pool import ConnectionPool
 
 from .. import _console_actions as actions
 from .. import _pause
+from .._config import scrub
 from .._sql import queries
 from .console_filter import END, START, Filter, encode_cursor, walk_params
 
@@ -88,8 +90,9 @@ class Throughput:
 
 
 def first_line(exc: BaseException) -> str:
+    """An error's first line, any password it names replaced by ***."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return scrub(text.splitlines()[0] if text else type(exc).__name__)
 
 
 def browse_statement(
@@ -115,53 +118,101 @@ def browse_statement(
     return f"browse_{f.mode}", params
 
 
+class _Connections:
+    """At most ``size`` connections, opened on demand and kept between requests. No pool thread
+    retries in the background: with the database down, a request fails as fast as its connect
+    does, and the page says so."""
+
+    def __init__(self, dsn: str, size: int, connect_timeout: int) -> None:
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(
+            self.dsn,
+            autocommit=True,
+            connect_timeout=self.connect_timeout,
+            application_name="worker-console",
+            prepare_threshold=None,  # see queries/browse.sql: the planner sees the values
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            tcp_user_timeout=15000,
+        )
+        conn.adapters.register_loader("timestamptz", _Timestamptz)
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[tuple[psycopg.Connection, bool]]:
+        """A connection, and whether it was opened for this request (a kept one may have been
+        closed by the server since)."""
+        if not self._slots.acquire(timeout=STATEMENT_TIMEOUT_MS / 1000 + 5):
+            raise psycopg.OperationalError("the console's connections are all busy")
+        conn = None
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            fresh = conn is None
+            if conn is None:
+                conn = self._connect()
+            yield conn, fresh
+        except BaseException:
+            if conn is not None:
+                conn.close()
+                conn = None
+            raise
+        finally:
+            if conn is not None and not conn.closed:
+                with self._lock:
+                    self._idle.append(conn)
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
 class ConsoleData:
     def __init__(self, dsn: str, schema: str, *, ttl: float = 10.0, connect_timeout: int = 3):
         self.schema = schema
         self.q = queries(schema)
         self.ttl = ttl
-        self.pool = ConnectionPool(
-            dsn,
-            min_size=0,
-            max_size=3,
-            timeout=connect_timeout + 2,
-            kwargs={
-                "autocommit": True,
-                "connect_timeout": connect_timeout,
-                "application_name": "worker-console",
-                "prepare_threshold": None,  # see queries/browse.sql: the planner sees values
-                "keepalives": 1,
-                "keepalives_idle": 10,
-                "keepalives_interval": 5,
-                "keepalives_count": 3,
-            },
-            configure=self._configure,
-            name="worker-console",
-            open=False,
-        )
-        self.pool.open(wait=False)
+        self.connections = _Connections(dsn, 3, connect_timeout)
         self._minutes: dict[datetime, Minute] = {}
         self._throughput: tuple[float, Throughput] | None = None
         self._tp_lock = threading.Lock()
 
-    @staticmethod
-    def _configure(conn: psycopg.Connection) -> None:
-        conn.adapters.register_loader("timestamptz", _Timestamptz)
-
     def close(self) -> None:
-        self.pool.close()
+        self.connections.close()
 
     def _run(self, fn: Callable[[psycopg.Connection], T], *, write: bool = False) -> T:
-        with self.pool.connection() as conn, conn.transaction():
-            if not write:
-                conn.execute("SET TRANSACTION READ ONLY")
-            conn.execute(
-                "SELECT set_config('statement_timeout', %s, true),"
-                " set_config('max_parallel_workers_per_gather', '0', true)",
-                (str(STATEMENT_TIMEOUT_MS),),
-            )
-            conn.execute(self.q["no_jit"])
-            return fn(conn)
+        """``fn`` in a transaction under the statement timeout, READ ONLY unless ``write``. A read
+        that meets a broken kept connection runs once more on a new one; an action never runs
+        twice."""
+        for attempt in (1, 2):
+            fresh = True
+            try:
+                with self.connections.connection() as (conn, fresh), conn.transaction():
+                    if not write:
+                        conn.execute("SET TRANSACTION READ ONLY")
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, true),"
+                        " set_config('max_parallel_workers_per_gather', '0', true)",
+                        (str(STATEMENT_TIMEOUT_MS),),
+                    )
+                    conn.execute(self.q["no_jit"])
+                    return fn(conn)
+            except psycopg.OperationalError:
+                if fresh or write or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     # the job browser
 

@@ -10,7 +10,7 @@ without JavaScript they are refreshed by reloading the page.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -348,8 +348,6 @@ def sign_in(frame: Frame, error: str = "") -> str:
 def message(frame: Frame, title: str, text: str) -> str:
     return layout(frame, "", title, f"<h2>{esc(title)}</h2><p>{esc(text, 2000)}</p>")
 
-
-Renderer = Callable[..., str]
 
 __all__ = [
     "Frame",
