@@ -171,7 +171,7 @@ ACTIONS = [
     ("console/jobs/{failed}/retry", {}),
     ("console/jobs/{queued}/cancel", {}),
     ("console/jobs/{done}/delete", {}),
-    ("console/jobs/bulk", {"action": "retry", "state": "failed", "confirm": "yes"}),
+    ("console/jobs/bulk", {"action": "retry", "state": "failed"}),
     ("console/queues/pause", {"queue": "emails"}),
     ("console/queues/resume", {"queue": "emails"}),
 ]

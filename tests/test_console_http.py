@@ -465,7 +465,7 @@ def test_a_bulk_action_takes_a_bounded_number_of_tasks(
         " SELECT 't', 'b', 'failed', 1, now() FROM generate_series(1, 12)"
     )
     session, csrf = signed_in(armed)
-    form = {"csrf": csrf, "action": "retry", "queue": "b", "state": "failed", "confirm": "yes"}
+    form = {"csrf": csrf, "action": "retry", "queue": "b", "state": "failed"}
     flashes = []
     for _ in range(3):
         status, headers, _ = request(armed, "POST", "/console/jobs/bulk", form, session)

@@ -220,7 +220,7 @@ def bulk_confirm(
             "(in the browser's order); run it again for the rest.</p>"
         )
     if frame.can_act and eligible:
-        fields = {**f.fields(), "action": action, "confirm": "yes"}
+        fields = {**f.fields(), "action": action}
         body.append(
             frame.button("/console/jobs/bulk", f"{label} {eligible:,} tasks", danger=True, **fields)
         )
