@@ -343,3 +343,21 @@ def retry_failed_batch(
 def cancel_task(conn: psycopg.Connection, q: Queries, *, task_id: int) -> bool:
     """queued -> cancelled; False when the task is not queued (or does not exist)."""
     return bool(conn.execute(q["cancel_task"], {"id": task_id}).fetchall())
+
+
+def retry_tasks(
+    conn: psycopg.Connection, q: Queries, *, ids: list[int], channel: str
+) -> tuple[int, int]:
+    """failed or cancelled -> queued for each of ``ids`` whose dedupe key is free (see
+    queries/console.sql); wakes idle workers. Returns (requeued, skipped)."""
+    row = conn.execute(q["retry_tasks"], {"ids": ids}).fetchone()
+    assert row is not None
+    if row[0]:
+        conn.execute(q["wake"], {"channel": channel})
+    return int(row[0]), int(row[1])
+
+
+def cancel_tasks(conn: psycopg.Connection, q: Queries, *, ids: list[int]) -> int:
+    """scheduled or queued -> cancelled for each of ``ids``; returns how many."""
+    row = conn.execute(q["cancel_tasks"], {"ids": ids}).fetchone()
+    return int(row[0]) if row else 0

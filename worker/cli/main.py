@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--metrics-host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument(
+        "--console-token-file",
+        default=None,
+        metavar="PATH",
+        help="a file holding the token that turns on the console's actions (or set "
+        "$WORKER_CONSOLE_TOKEN); without one the console is read-only",
+    )
+    p.add_argument(
         "--burst", action="store_true", help="exit once no task is due and none is running"
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -239,6 +246,16 @@ def _fail(message: str, code: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"] and any(
+        a == "--console-token" or a.startswith("--console-token=") for a in argv
+    ):
+        # Refused before the parser, whose message would repeat the token.
+        return _fail(
+            "error: --console-token is not accepted: a command line is visible to every user of "
+            "the machine (ps); put the token in $WORKER_CONSOLE_TOKEN or in a file given with "
+            "--console-token-file",
+            2,
+        )
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv

@@ -25,6 +25,7 @@ from .._supervisor import (
     without_options,
 )
 from .._worker import Worker, WorkerConfig
+from ..monitor.console_auth import TokenError, checked_token
 from ..monitor.metrics import worker_hooks
 from ..monitor.server import serve
 from .common import CliError, checked_dsn, connect_dsn, import_tasks, require, resolve_dsn, scrub
@@ -35,6 +36,9 @@ LISTEN_ENV = "WORKER_LISTEN_DSN"
 # a variable of our own, so that the handlers' WORKER_DSN (which an application may read for
 # its own connections) is left as the user set it.
 RUN_DSN_ENV = "WORKER_RUN_DSN"
+# The console's token (its actions are off without one). Never a flag: a command line is
+# readable by every user of the machine.
+CONSOLE_TOKEN_ENV = "WORKER_CONSOLE_TOKEN"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -43,6 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _hide_dsns_from_argv(args)
     # Read once and out of the environment: handlers (and their subprocesses) do not see it.
     args.dsn = args.dsn or os.environ.pop(RUN_DSN_ENV, None)
+    args.console_token = _console_token(args)
     import_tasks(args.module)
     if len(registry) == 0:
         raise CliError(
@@ -178,6 +183,34 @@ def _hide_dsns_from_argv(args: argparse.Namespace) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "worker", *argv], {**os.environ, **moved})
 
 
+def _console_token(args: argparse.Namespace) -> str | None:
+    """The console's token, from --console-token-file or WORKER_CONSOLE_TOKEN, taken out of the
+    environment either way (so that neither the handlers nor the children see it). Only the
+    process that serves the console (not a supervised child) reads it."""
+    from_env = os.environ.pop(CONSOLE_TOKEN_ENV, None)
+    path = getattr(args, "console_token_file", None)
+    if args.child:
+        return None
+    if path and not args.metrics_port:
+        raise CliError("--console-token-file needs --metrics-port: the console is served there", 2)
+    if not args.metrics_port:
+        return None
+    try:
+        if path:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read(64 * 1024)
+            except (OSError, UnicodeDecodeError) as exc:
+                why = getattr(exc, "strerror", None) or "not a UTF-8 text file"
+                raise CliError(f"cannot read --console-token-file {path!r}: {why}", 2) from None
+            return checked_token(text, "--console-token-file")
+        if from_env is not None:
+            return checked_token(from_env, CONSOLE_TOKEN_ENV)
+    except TokenError as exc:
+        raise CliError(str(exc), 2) from None
+    return None
+
+
 def _given(argv: list[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in argv)
 
@@ -255,4 +288,5 @@ def _start_metrics(args: argparse.Namespace, dsn: str) -> Any:
         dsn=dsn,
         schema=args.schema,
         multiprocess=supervised,
+        console_token=getattr(args, "console_token", None),
     )

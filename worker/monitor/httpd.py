@@ -8,10 +8,12 @@ and a small buffer until its head is complete, and only then goes to one of a fe
 threads, which write the whole response and close it (one request per connection).
 
 Limits: a request head must arrive within ``request_timeout`` (408 otherwise) and fit in
-``max_head`` bytes, its request line in ``MAX_LINE`` (431 and 414); at most ``max_connections``
-connections wait for their head (a new one pushes out the oldest with a 503); at most
-``threads`` handler threads, and at most ``MAX_QUEUED`` complete requests waiting for one (503
-beyond). Every response, errors included, carries ``SECURITY_HEADERS``.
+``max_head`` bytes, its request line in ``MAX_LINE`` (431 and 414); a body (the console's forms)
+must say its length in Content-Length, at most ``max_body`` bytes (413), and arrive within the
+same ``request_timeout`` (no chunked bodies: 501); at most ``max_connections`` connections wait
+for their request (a new one pushes out the oldest with a 503); at most ``threads`` handler
+threads, and at most ``MAX_QUEUED`` complete requests waiting for one (503 beyond). Every
+response, errors included, carries ``SECURITY_HEADERS``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ log = logging.getLogger("worker.metrics")
 
 MAX_LINE = 8192  # bytes of the request line
 MAX_HEAD = 16384  # bytes of the request line and headers together
+MAX_BODY = 16384  # bytes of a request body
 MAX_QUEUED = 64  # complete requests waiting for a handler thread
 SECURITY_HEADERS = (
     ("Cache-Control", "no-store"),
@@ -66,6 +69,33 @@ BUSY = _plain(HTTPStatus.SERVICE_UNAVAILABLE, "busy: too many connections, try a
 TIMEOUT = _plain(HTTPStatus.REQUEST_TIMEOUT, "request head not received in time")
 LINE_TOO_LONG = _plain(HTTPStatus.REQUEST_URI_TOO_LONG, "request line too long")
 HEAD_TOO_LONG = _plain(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request headers too large")
+BODY_TOO_LONG = _plain(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
+BAD_LENGTH = _plain(HTTPStatus.BAD_REQUEST, "bad Content-Length")
+NO_CHUNKS = _plain(HTTPStatus.NOT_IMPLEMENTED, "Transfer-Encoding is not accepted: send a length")
+
+
+def body_length(head: bytes) -> int | bytes:
+    """The body length a request head announces (0 without Content-Length), or the response
+    that refuses it: several different lengths, a length that is not a number, or any
+    Transfer-Encoding."""
+    lengths = set()
+    for line in head.split(b"\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return NO_CHUNKS
+        if name == b"content-length":
+            lengths.add(value.strip())
+    if not lengths:
+        return 0
+    if len(lengths) > 1:
+        return BAD_LENGTH
+    value = lengths.pop()
+    if not value.isdigit():
+        return BAD_LENGTH
+    return int(value) if len(value) <= 12 else BODY_TOO_LONG
 
 
 @dataclass
@@ -73,11 +103,13 @@ class _Conn:
     address: Any
     deadline: float
     buf: bytearray = field(default_factory=bytearray)
+    need: int = -1  # once the head is in: the bytes of the head and the body together
 
 
 class BoundedServer:
-    """Serve ``handler(request=(socket, head), client_address, server)`` (a
-    BaseHTTPRequestHandler that reads the head from memory) until ``shutdown()``.
+    """Serve ``handler(request=(socket, data), client_address, server)`` (a
+    BaseHTTPRequestHandler that reads the request, head and body, from memory) until
+    ``shutdown()``.
 
     ``inline`` may answer a request head at once on the loop (``None``: hand it to a thread),
     for responses that must never wait for a busy thread, such as a liveness probe.
@@ -92,6 +124,7 @@ class BoundedServer:
         max_connections: int = 256,
         request_timeout: float = 10.0,
         max_head: int = MAX_HEAD,
+        max_body: int = MAX_BODY,
         inline: Callable[[bytes], bytes | None] | None = None,
     ) -> None:
         host, port = address
@@ -104,6 +137,7 @@ class BoundedServer:
         self.max_connections = max(max_connections, 1)
         self.request_timeout = request_timeout
         self.max_head = max_head
+        self.max_body = max_body
         self.inline = inline
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.socket, selectors.EVENT_READ, "listen")
@@ -178,21 +212,32 @@ class BoundedServer:
             return
         buf = conn.buf
         buf += data
-        line_end = buf.find(b"\n")
-        if line_end > MAX_LINE or (line_end < 0 and len(buf) > MAX_LINE):
-            self._drop(sock, LINE_TOO_LONG)
-            return
-        end = buf.find(b"\r\n\r\n")
-        if end >= 0:
-            end += 4
-        elif (end := buf.find(b"\n\n")) >= 0:
-            end += 2
-        if end < 0 or end > self.max_head:
-            if end > self.max_head or len(buf) > self.max_head:
-                self._drop(sock, HEAD_TOO_LONG)
-            return
+        if conn.need < 0:
+            line_end = buf.find(b"\n")
+            if line_end > MAX_LINE or (line_end < 0 and len(buf) > MAX_LINE):
+                self._drop(sock, LINE_TOO_LONG)
+                return
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                end += 4
+            elif (end := buf.find(b"\n\n")) >= 0:
+                end += 2
+            if end < 0 or end > self.max_head:
+                if end > self.max_head or len(buf) > self.max_head:
+                    self._drop(sock, HEAD_TOO_LONG)
+                return
+            length = body_length(bytes(buf[:end]))
+            if isinstance(length, bytes):
+                self._drop(sock, length)
+                return
+            if length > self.max_body:
+                self._drop(sock, BODY_TOO_LONG)
+                return
+            conn.need = end + length
+        if len(buf) < conn.need:
+            return  # the rest of the body, by the same deadline
         self._forget(sock)
-        self._dispatch(sock, bytes(buf[:end]), conn.address)
+        self._dispatch(sock, bytes(buf[: conn.need]), conn.address)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -264,4 +309,4 @@ class BoundedServer:
         self._send_now(sock, data)
 
 
-__all__ = ["SECURITY_HEADERS", "BoundedServer", "response"]
+__all__ = ["MAX_BODY", "SECURITY_HEADERS", "BoundedServer", "body_length", "response"]

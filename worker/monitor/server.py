@@ -1,7 +1,9 @@
-"""The monitor's HTTP server: /metrics, /healthz, /readyz and the status page at /.
+"""The monitor's HTTP server: /metrics, /healthz, /readyz, the status page at / and the operator
+console under /console/.
 
 One server per machine (the supervisor's, or the single worker process's). Everything it shows
-comes from the cached read model (``readmodel.Database``) and the registry of ``collector``.
+comes from the cached read model (``readmodel.Database``) and the registry of ``collector``; the
+console (``console_app``) has its own connections for job pages and actions.
 Connections are handled by ``httpd.BoundedServer``: idle and slow clients cost no thread, and
 /healthz is answered on its loop, so it never waits for the database or a busy thread.
 """
@@ -23,6 +25,10 @@ from urllib.parse import parse_qs, urlsplit
 from .._errors import ConfigError
 from .._registry import registry
 from .collector import build_registry, child_exited, prepare_multiprocess_dir
+from .console_app import HEADERS as CONSOLE_HEADERS
+from .console_app import Console
+from .console_auth import ConsoleAuth
+from .console_data import ConsoleData
 from .httpd import SECURITY_HEADERS, BoundedServer, response
 from .instruments import (
     COUNT_CAP_ENV,
@@ -71,6 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     db: Database
     registry: Any
+    console: Console
 
     def setup(self) -> None:
         self.connection, head = self.request
@@ -98,6 +105,31 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._route(head=False)
 
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        if not _is_console(path):
+            self.send_error(HTTPStatus.NOT_IMPLEMENTED, "Unsupported method ('POST')")
+            return
+        try:
+            body = self.rfile.read()  # the loop read exactly the announced length, bounded
+            address = str(self.client_address[0]) if self.client_address else "?"
+            self._answer(self.console.post(path, body, self.headers, address), head=False)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception:
+            log.exception("console: POST %s failed", path[:100])
+            with contextlib.suppress(Exception):
+                self._send(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    b"internal error (see the worker's log)\n",
+                    "text/plain; charset=utf-8",
+                    False,
+                    CONSOLE_HEADERS,
+                )
+
+    def _answer(self, r: Any, *, head: bool) -> None:
+        self._send(r.status, r.body, r.content_type, head, CONSOLE_HEADERS, r.headers)
+
     def _route(self, *, head: bool) -> None:
         url = urlsplit(self.path)
         path = url.path
@@ -110,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
                 ok, why = self.db.ready()
                 status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
                 self._send(status, f"{why}\n".encode(), "text/plain; charset=utf-8", head)
+            elif _is_console(path):
+                self._answer(self.console.get(path, url.query, self.headers), head=head)
             elif path in ("/", "/index.html"):
                 page = self.db.page()
                 body = render_page(
@@ -143,7 +177,15 @@ class _Handler(BaseHTTPRequestHandler):
         body = encoder(self.registry)
         self._send(HTTPStatus.OK, body, content_type, head)
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str, head: bool) -> None:
+    def _send(
+        self,
+        status: HTTPStatus,
+        body: bytes,
+        content_type: str,
+        head: bool,
+        security: tuple[tuple[str, str], ...] = SECURITY_HEADERS,
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
         encoding = None
         headers = getattr(self, "headers", None)  # None when the request did not parse
         if len(body) > 1024 and headers and "gzip" in headers.get("Accept-Encoding", ""):
@@ -153,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
-        for name, value in SECURITY_HEADERS:
+        for name, value in (*security, *(extra or ())):
             self.send_header(name, value)
         if encoding:
             self.send_header("Content-Encoding", encoding)
@@ -162,11 +204,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+def _is_console(path: str) -> bool:
+    return path == "/console" or path.startswith("/console/")
+
+
 class WebServer:
     """A ``BoundedServer`` whose loop runs on a daemon thread; ``stop()`` shuts it down."""
 
-    def __init__(self, host: str, port: int, *, db: Database, registry: Any, **limits: Any) -> None:
-        handler = type("Handler", (_Handler,), {"db": db, "registry": registry})
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        db: Database,
+        registry: Any,
+        console: Console,
+        **limits: Any,
+    ) -> None:
+        handler = type("Handler", (_Handler,), {"db": db, "registry": registry, "console": console})
         try:
             self.httpd = BoundedServer((host, port), handler, inline=healthz, **limits)
         except OSError as exc:
@@ -183,7 +238,11 @@ class WebServer:
             daemon=True,
         )
         self.thread.start()
-        log.info("serving /metrics, /healthz, /readyz and the status page on %s", self.url)
+        log.info(
+            "serving /metrics, /healthz, /readyz, the status page and the console (%s) on %s",
+            "actions on" if console.auth.enabled else "read-only",
+            self.url,
+        )
 
     @property
     def url(self) -> str:
@@ -217,9 +276,11 @@ class MetricsServer:
         *,
         dsn: str = "",
         schema: str = "worker",
+        console: Console | None = None,
     ) -> None:
         self.web = web
         self.db = db
+        self.console = console
         self.multiprocess_dir = multiprocess_dir
         self._previous_env = previous_env
         self._dsn = dsn
@@ -263,6 +324,8 @@ class MetricsServer:
 
     def stop(self) -> None:
         self.web.stop()
+        if self.console is not None:
+            self.console.close()
         self.db.close()
         if self.multiprocess_dir:
             shutil.rmtree(self.multiprocess_dir, ignore_errors=True)
@@ -280,13 +343,19 @@ def serve(
     multiprocess: bool = False,
     ttl: float | None = None,
     count_cap: int | None = None,
+    console_token: str | None = None,
+    console_refresh: float = 5.0,
     **limits: Any,
 ) -> MetricsServer:
-    """Serve /metrics, /healthz, /readyz and the status page at ``/`` until ``stop()``.
+    """Serve /metrics, /healthz, /readyz, the status page at ``/`` and the console under
+    ``/console/`` until ``stop()``.
 
     ``multiprocess``: this process is a supervisor whose children do the work; call it before the
-    first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR. ``limits``:
-    ``BoundedServer``'s (threads, max_connections, request_timeout, max_head).
+    first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR.
+    ``console_token``: the token that turns the console's actions on (None: read-only; see
+    ``console_auth.checked_token``); ``console_refresh``: seconds between the console's
+    auto-refreshes. ``limits``: ``BoundedServer``'s (threads, max_connections, request_timeout,
+    max_head, max_body).
     """
     db = Database(
         dsn,
@@ -296,16 +365,23 @@ def serve(
     )
     previous = os.environ.get(MULTIPROC_ENV)
     path = prepare_multiprocess_dir() if multiprocess else None
+    console = Console(
+        db,
+        ConsoleData(dsn, schema, ttl=db.ttl),
+        ConsoleAuth(console_token),
+        refresh=console_refresh,
+    )
     try:
         registry = build_registry(db, multiprocess_dir=path)
-        web = WebServer(host, port, db=db, registry=registry, **limits)
+        web = WebServer(host, port, db=db, registry=registry, console=console, **limits)
     except BaseException:
+        console.close()
         db.close()
         if path:
             shutil.rmtree(path, ignore_errors=True)
             _restore_env(previous)
         raise
-    return MetricsServer(web, db, path, previous, dsn=dsn, schema=schema)
+    return MetricsServer(web, db, path, previous, dsn=dsn, schema=schema, console=console)
 
 
 def _restore_env(previous: str | None) -> None:

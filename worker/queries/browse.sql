@@ -1,0 +1,246 @@
+-- The console's job browser: one page of tasks matching a filter, on a table of any size.
+--
+-- Each query walks one index in its order from the keyset position after the previous page (the
+-- `after_*` values: the sort key of the page's last row; the first page starts before every
+-- row), reads at most %(scan)s rows of that walk (the inner LIMIT), and keeps those that match
+-- the rest of the filter (task, queue where the index does not lead with it, state within the
+-- index, and text in the payload or the error). So a page costs at most %(scan)s rows whatever
+-- the filter, and the statement stops as soon as %(limit)s rows are out.
+--
+-- hit says whether a row matches; n is its place in the walk. The walk's %(scan)s-th row comes
+-- out even when it does not match: it marks how far the walk got, so that the console can offer
+-- to go on from there ("looked at N rows without filling the page").
+--
+-- The orders follow the indexes of schema/0001-0007: newest id first (any state, in_progress),
+-- claim order (queued: tasks_claim_idx), next due first (scheduled: tasks_scheduled_idx and
+-- tasks_scheduled_queue_idx), newest finished first (done and cancelled: tasks_done_idx; failed:
+-- tasks_failed_idx and tasks_failed_queue_idx). Finished rows without a finished_at (written by
+-- hand) come first, newest id first, in a walk of their own (in_nulls); its order is written
+-- `t.id + 0` so that the planner finds them in the state's index (finished_at IS NULL) and sorts
+-- the few there are, rather than walk the primary key in id order through every row.
+--
+-- A parameter left NULL filters nothing: these statements are never prepared, so the planner
+-- sees the values and drops such conditions before it chooses an index.
+
+-- name: browse_any
+SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
+       left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
+       w.priority, w.attempts, w.max_attempts,
+       w.run_at, w.created_at, w.started_at, w.finished_at,
+       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
+       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+  FROM (
+    SELECT s.*,
+           (%(task)s::text IS NULL OR s.task = %(task)s)
+           AND (%(queue)s::text IS NULL OR s.queue = %(queue)s)
+           AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
+                OR s.last_error ILIKE %(pattern)s) AS hit,
+           row_number() OVER () AS n
+      FROM (SELECT t.* FROM {schema}.tasks AS t
+             WHERE t.id < %(after_id)s
+             ORDER BY t.id DESC
+             LIMIT %(scan)s) AS s
+  ) AS w
+ WHERE w.hit OR w.n = %(scan)s
+ LIMIT %(limit)s;
+
+-- name: browse_running
+SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
+       left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
+       w.priority, w.attempts, w.max_attempts,
+       w.run_at, w.created_at, w.started_at, w.finished_at,
+       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
+       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+  FROM (
+    SELECT s.*,
+           (%(task)s::text IS NULL OR s.task = %(task)s)
+           AND (%(queue)s::text IS NULL OR s.queue = %(queue)s)
+           AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
+                OR s.last_error ILIKE %(pattern)s) AS hit,
+           row_number() OVER () AS n
+      FROM (SELECT t.* FROM {schema}.tasks AS t
+             WHERE t.state = 'in_progress' AND t.id < %(after_id)s
+             ORDER BY t.id DESC
+             LIMIT %(scan)s) AS s
+  ) AS w
+ WHERE w.hit OR w.n = %(scan)s
+ LIMIT %(limit)s;
+
+-- name: browse_queued
+-- Claim order, queue by queue: the order in which workers will take them.
+SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
+       left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
+       w.priority, w.attempts, w.max_attempts,
+       w.run_at, w.created_at, w.started_at, w.finished_at,
+       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
+       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+  FROM (
+    SELECT s.*,
+           (%(task)s::text IS NULL OR s.task = %(task)s)
+           AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
+                OR s.last_error ILIKE %(pattern)s) AS hit,
+           row_number() OVER () AS n
+      FROM (SELECT t.* FROM {schema}.tasks AS t
+             WHERE t.state = 'queued'
+               AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+               AND (t.queue, (-t.priority), t.run_at, t.id)
+                   > (%(after_queue)s::text, %(after_priority)s::int, %(after_at)s::timestamptz,
+                      %(after_id)s::bigint)
+             ORDER BY t.queue, (-t.priority), t.run_at, t.id
+             LIMIT %(scan)s) AS s
+  ) AS w
+ WHERE w.hit OR w.n = %(scan)s
+ LIMIT %(limit)s;
+
+-- name: browse_scheduled
+-- Next due first.
+SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
+       left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
+       w.priority, w.attempts, w.max_attempts,
+       w.run_at, w.created_at, w.started_at, w.finished_at,
+       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
+       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+  FROM (
+    SELECT s.*,
+           (%(task)s::text IS NULL OR s.task = %(task)s)
+           AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
+                OR s.last_error ILIKE %(pattern)s) AS hit,
+           row_number() OVER () AS n
+      FROM (SELECT t.* FROM {schema}.tasks AS t
+             WHERE t.state = 'scheduled'
+               AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+               AND (t.run_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+             ORDER BY t.run_at, t.id
+             LIMIT %(scan)s) AS s
+  ) AS w
+ WHERE w.hit OR w.n = %(scan)s
+ LIMIT %(limit)s;
+
+-- name: browse_finished
+-- Done or cancelled (%(state)s), newest finished first, from tasks_done_idx (which holds both).
+SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
+       left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
+       w.priority, w.attempts, w.max_attempts,
+       w.run_at, w.created_at, w.started_at, w.finished_at,
+       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
+       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+  FROM (
+    SELECT s.*,
+           s.state::text = %(state)s
+           AND (%(task)s::text IS NULL OR s.task = %(task)s)
+           AND (%(queue)s::text IS NULL OR s.queue = %(queue)s)
+           AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
+                OR s.last_error ILIKE %(pattern)s) AS hit,
+           row_number() OVER () AS n
+      FROM ((SELECT t.* FROM {schema}.tasks AS t
+              WHERE t.state IN ('done', 'cancelled') AND t.finished_at IS NULL
+                AND %(in_nulls)s AND t.id < %(after_id)s
+              ORDER BY t.id + 0 DESC
+              LIMIT %(scan)s)
+            UNION ALL
+            (SELECT t.* FROM {schema}.tasks AS t
+              WHERE t.state IN ('done', 'cancelled')
+                AND (t.finished_at, t.id)
+                    < (%(after_at)s::timestamptz, %(after_finished_id)s::bigint)
+              ORDER BY t.finished_at DESC, t.id DESC
+              LIMIT %(scan)s)
+            LIMIT %(scan)s) AS s
+  ) AS w
+ WHERE w.hit OR w.n = %(scan)s
+ LIMIT %(limit)s;
+
+-- name: browse_failed
+-- Newest failure first, from tasks_failed_idx, or tasks_failed_queue_idx for one queue.
+SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
+       left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
+       w.priority, w.attempts, w.max_attempts,
+       w.run_at, w.created_at, w.started_at, w.finished_at,
+       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
+       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+  FROM (
+    SELECT s.*,
+           (%(task)s::text IS NULL OR s.task = %(task)s)
+           AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
+                OR s.last_error ILIKE %(pattern)s) AS hit,
+           row_number() OVER () AS n
+      FROM ((SELECT t.* FROM {schema}.tasks AS t
+              WHERE t.state = 'failed' AND t.finished_at IS NULL
+                AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+                AND %(in_nulls)s AND t.id < %(after_id)s
+              ORDER BY t.id + 0 DESC
+              LIMIT %(scan)s)
+            UNION ALL
+            (SELECT t.* FROM {schema}.tasks AS t
+              WHERE t.state = 'failed'
+                AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+                AND (t.finished_at, t.id)
+                    < (%(after_at)s::timestamptz, %(after_finished_id)s::bigint)
+              ORDER BY t.finished_at DESC, t.id DESC
+              LIMIT %(scan)s)
+            LIMIT %(scan)s) AS s
+  ) AS w
+ WHERE w.hit OR w.n = %(scan)s
+ LIMIT %(limit)s;
+
+-- name: browse_id
+-- One task by id, if it matches the rest of the filter.
+SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
+       left(t.task, 255) AS task, char_length(t.task) AS task_length, t.state::text AS state,
+       t.priority, t.attempts, t.max_attempts,
+       t.run_at, t.created_at, t.started_at, t.finished_at,
+       left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length,
+       left(t.payload::text, %(chars)s) AS payload, true AS hit, 1::bigint AS n
+  FROM {schema}.tasks AS t
+ WHERE t.id = %(id)s
+   AND (%(state)s::text IS NULL OR t.state::text = %(state)s)
+   AND (%(task)s::text IS NULL OR t.task = %(task)s)
+   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+   AND (%(pattern)s::text IS NULL OR t.payload::text ILIKE %(pattern)s
+        OR t.last_error ILIKE %(pattern)s);
+
+-- name: throughput_minutes
+-- Tasks finished per minute, for each minute starting at one of %(minutes)s: done ones from
+-- tasks_done_idx, failed ones (failed for good: retries are not counted) from tasks_failed_idx,
+-- each counted up to %(cap)s. Counted from the rows retention keeps: a minute older than
+-- --keep-done (or --keep-failed) has lost its rows, and with --keep-done 0 there are none.
+SELECT m.minute,
+       (SELECT count(*)
+          FROM (SELECT 1 FROM {schema}.tasks AS t
+                 WHERE t.state IN ('done', 'cancelled')
+                   AND t.finished_at >= m.minute AND t.finished_at < m.minute + interval '1 minute'
+                   AND t.state = 'done'
+                 LIMIT %(cap)s) AS c) AS done,
+       (SELECT count(*)
+          FROM (SELECT 1 FROM {schema}.tasks AS t
+                 WHERE t.state = 'failed'
+                   AND t.finished_at >= m.minute AND t.finished_at < m.minute + interval '1 minute'
+                 LIMIT %(cap)s) AS c) AS failed
+  FROM unnest(%(minutes)s::timestamptz[]) AS m(minute)
+ ORDER BY m.minute;
+
+-- name: console_minute
+-- The database's clock, cut to the minute: the throughput's minutes are the database's, so every
+-- machine that serves the console counts the same ones.
+SELECT date_trunc('minute', now()) AS minute;
+
+-- name: console_task
+-- One task in full for its page: names and keys cut to %(name_chars)s characters, the error and
+-- the payload to %(chars)s (each with its full length), the worker that holds or last held it,
+-- and how long its lease has left.
+SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS queue_length,
+       left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_length,
+       t.state::text AS state, t.priority, t.attempts, t.max_attempts, t.handed_back,
+       t.run_at, t.created_at, t.started_at, t.finished_at, t.lease_expires_at,
+       extract(epoch FROM t.lease_expires_at - now())::float8 AS lease_seconds_left,
+       extract(epoch FROM coalesce(t.started_at, now()) - t.created_at)::float8 AS waited_seconds,
+       extract(epoch FROM coalesce(t.finished_at, now()) - t.started_at)::float8 AS ran_seconds,
+       left(t.dedupe_key, %(name_chars)s) AS dedupe_key,
+       left(t.cron_key, %(name_chars)s) AS cron_key,
+       t.cron_at, t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
+       w.heartbeat_at AS worker_heartbeat_at, w.stopped_at AS worker_stopped_at,
+       left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length,
+       left(p.text, %(chars)s) AS payload, char_length(p.text) AS payload_length
+  FROM {schema}.tasks AS t
+ CROSS JOIN LATERAL (SELECT jsonb_pretty(t.payload) AS text) AS p
+  LEFT JOIN {schema}.workers AS w ON w.id = t.worker_id
+ WHERE t.id = %(id)s;
