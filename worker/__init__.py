@@ -10,6 +10,7 @@ from ._enqueue import enqueue, enqueue_async, enqueue_many
 from ._errors import ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
 from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
 from ._migrate import migrate
+from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
 from ._registry import Context, Registry, TaskDef, registry, task
 from ._schedule import cron, load_schedules, schedule
 from ._worker import Worker, WorkerConfig
@@ -23,6 +24,7 @@ __all__ = [
     "LockLost",
     "LostLease",
     "Mutex",
+    "PausedQueue",
     "Registry",
     "SchemaMissing",
     "TaskDef",
@@ -40,7 +42,10 @@ __all__ = [
     "exclusive",
     "load_schedules",
     "migrate",
+    "pause_queue",
+    "paused_queues",
     "registry",
+    "resume_queue",
     "schedule",
     "task",
 ]

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import psycopg
 
-from .. import _admin
+from .. import _admin, _pause
 from .._admin import STATES, status
 from .._config import redact
 from .._enqueue import enqueue
@@ -126,13 +126,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         require(conn, args.schema)
         st = status(conn, args.schema, failed_limit=args.failed)
+        paused = {p.queue: p for p in _pause.paused(conn, args.schema)}
     if args.json:
-        print_json(st.as_dict())
+        print_json(
+            {
+                **st.as_dict(),
+                "paused": [
+                    {"queue": p.queue, "paused_at": p.paused_at, "paused_by": p.paused_by}
+                    for p in paused.values()
+                ],
+            }
+        )
         return 0
     head = ["queue", *(s.replace("_", " ") for s in STATES), "oldest due", "live worker"]
     rows = [
         [
-            q.queue,
+            q.queue + (" (paused)" if q.queue in paused else ""),
             *(_count(q, s) for s in STATES),
             age(q.oldest_seconds),
             "yes" if q.served else "none",
@@ -150,6 +159,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"(too many queue names: the queues after {safe(_quote(st.truncated_after))} "
             "are not listed)"
         )
+    if paused:
+        print()
+        print("paused queues (workers claim nothing from them; `worker resume QUEUE`)")
+        for p in paused.values():
+            when = p.paused_at.strftime("%Y-%m-%d %H:%M:%S")
+            print(f"  {safe(_quote(p.queue))} since {when} by {safe(p.paused_by)}")
     advice = st.routing.advice(_quote)
     if advice:
         print()

@@ -178,6 +178,15 @@ class DatabaseCollector:
         for state, n in sorted(snap.estimates.items()):
             est.add_metric([state], n)
         yield est
+        paused = GaugeMetricFamily(
+            "worker_queue_paused",
+            "1 for each queue an operator paused (`worker pause`): workers claim nothing from it "
+            "until it is resumed. Fleet-wide.",
+            labels=["queue"],
+        )
+        for name in snap.paused:
+            paused.add_metric([label(name)], 1.0)
+        yield paused
         alive = GaugeMetricFamily(
             "worker_workers_alive",
             "Worker processes in the whole fleet with a recent heartbeat. Fleet-wide: every "

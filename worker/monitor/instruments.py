@@ -69,6 +69,7 @@ DATABASE_METRICS: dict[str, str] = {
     "worker_queues_in_other": "gauge",
     "worker_queue_names_truncated": "gauge",
     "worker_queue_unserved_tasks": "gauge",
+    "worker_queue_paused": "gauge",
     "worker_unserved_queues": "gauge",
     "worker_tasks_without_handler": "gauge",
 }

@@ -8,6 +8,7 @@ page by page), so the page stays small whatever a producer wrote.
 
 from __future__ import annotations
 
+from .bounds import clip
 from .markup import esc, when
 from .readmodel import PageData
 from .sections import (
@@ -83,6 +84,15 @@ def render_page(
     parts.append(cards(page))
     parts.append('<h2 id="routing">Work no live worker will do</h2>')
     parts.append(routing(snap))
+    if snap.paused:
+        parts.append('<h2 id="paused">Paused queues</h2>')
+        parts.append(
+            '<p class="note">Workers claim nothing from these until they are resumed '
+            "(<code>worker resume QUEUE</code>); tasks already running finish.</p>"
+            '<ul class="paused">'
+            + "".join(f"<li data-paused>{esc(clip(name, 255))}</li>" for name in snap.paused)
+            + "</ul>"
+        )
     parts.append('<h2 id="queues">Queues</h2>')
     parts.append(queue_table(page, queues_page))
     parts.append(workers_heading(page))

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import _admin
+from .. import _admin, _pause
 from .._admin import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
 from .._config import redact, scrub
 from .._migrate import current_version, latest_version
@@ -45,6 +45,9 @@ FINISHED_CAP = 10_000
 # -- data ------------------------------------------------------------------------------------------
 
 
+PAUSED_LISTED = 1000  # paused queues read per refresh (each one a metrics series)
+
+
 @dataclass
 class Snapshot:
     """The queue statistics of one refresh (or the error that refresh met)."""
@@ -62,6 +65,8 @@ class Snapshot:
     routing: Routing = field(default_factory=lambda: Routing([], [], 0))
     duration: float = 0.0
     error: str | None = None
+    # Paused queues (schema/0009), by name, at most PAUSED_LISTED of them.
+    paused: list[str] = field(default_factory=list)
 
     def age(self) -> float:
         return time.monotonic() - self.taken
@@ -250,10 +255,12 @@ class Database:
         alive, in_flight = conn.execute(
             q["metrics_workers_alive"], {"alive_seconds": self.alive_seconds}
         ).fetchone() or (0, 0)
+        paused = [p.queue for p in _pause.paused(conn, self.schema, limit=PAUSED_LISTED)]
         return Snapshot(
             time.monotonic(),
             datetime.now(UTC),
             queues=queues,
+            paused=paused,
             rest=rest,
             routing=Routing(_admin.unserved(scan.queues), missing, int(alive)),
             estimates=estimates,

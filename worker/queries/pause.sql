@@ -1,17 +1,15 @@
--- Paused queues (schema/0009): the operator's pause and resume, and the list workers and the
+-- Paused queues (schema/0009, 0011): the operator's pause and resume, and the list workers and the
 -- console read. Each block starts with `-- name: NAME`; {schema} is the quoted schema name.
+-- Pausing and resuming go through the SQL functions, which psql users call too.
 
 -- name: pause_queue
--- Pause a queue; a queue already paused keeps its first pause (time and operator).
-INSERT INTO {schema}.paused_queues (queue, paused_by)
-VALUES (%(queue)s, %(by)s)
-ON CONFLICT (queue) DO NOTHING
-RETURNING queue;
+-- Pause a queue; a queue already paused keeps its first pause (time and operator): false.
+SELECT {schema}.pause_queue(queue => %(queue)s, paused_by => %(by)s) AS changed;
 
 -- name: resume_queue
-DELETE FROM {schema}.paused_queues
- WHERE queue = %(queue)s
-RETURNING queue;
+-- Resume a queue and wake the workers that serve it (the same notification as a new row's), so
+-- its backlog starts at once rather than at their next poll. False when it was not paused.
+SELECT {schema}.resume_queue(queue => %(queue)s) AS changed;
 
 -- name: paused_queues
 -- Every paused queue, by name, at most %(limit)s.

@@ -105,6 +105,9 @@ WITH picked AS (
                FOR UPDATE SKIP LOCKED) AS lower
         LIMIT %(limit)s
      ) AS c
+     -- A paused queue (schema/0009) gives nothing: one probe of a small table per queue, read in
+     -- this statement's snapshot, so a pause holds from the moment it commits, fleet-wide.
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
      LIMIT %(limit)s
 )
 UPDATE {schema}.tasks AS t
@@ -140,10 +143,11 @@ RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, 
 -- name: due_queues
 -- Of the given queues, those with a row ready to claim: one index probe each, no lock. The
 -- maintenance thread of a worker serving many queues asks this once a second, instead of the
--- claim reading every queue (see Batcher).
+-- claim reading every queue (see Batcher). Paused queues are left out, as in the claim.
 SELECT q.name
   FROM unnest(%(queues)s::text[]) AS q(name)
- WHERE EXISTS (
+ WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
+   AND EXISTS (
     SELECT 1 FROM {schema}.tasks
      WHERE state = 'queued' AND queue = q.name AND run_at <= now());
 

@@ -1,0 +1,164 @@
+"""Pausing a queue (issue 12): fleet-wide, through the database, from the CLI, SQL, Python and the
+metrics. Real worker processes: a pause stops new claims at once, running tasks finish, the pause
+survives a restart of the fleet, and a resume starts the backlog within a second."""
+
+from __future__ import annotations
+
+import html
+import json
+import signal
+import subprocess
+import time
+
+import psycopg
+from conftest import run_cli, spawn_cli, states, wait_until
+from test_cli import _executions_table
+from test_metrics import fetch, scrape
+
+import worker
+from worker import _pause
+from worker.monitor.server import serve
+
+
+def _fleet(pg_dsn: str, schema: str) -> subprocess.Popen[str]:
+    return spawn_cli(
+        "run",
+        "tasks_module",
+        "--processes",
+        "2",
+        "--dsn",
+        pg_dsn,
+        "--schema",
+        schema,
+        "--poll-interval",
+        "5",  # a resume must not wait for the poll: it notifies
+        env={"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema},
+    )
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _alive(conn: psycopg.Connection, schema: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM {schema}.workers").fetchone()[0]
+
+
+def _enqueue(conn: psycopg.Connection, schema: str, n: int, sleep: float = 0.0) -> None:
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload) SELECT 'record', 'default',"
+        " jsonb_build_object('sleep', %s::float8) FROM generate_series(1, %s)",
+        (sleep, n),
+    )
+
+
+def test_a_pause_stops_claims_fleet_wide_lets_running_tasks_finish_and_survives_restarts(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    _executions_table(conn, schema)
+    proc = _fleet(pg_dsn, schema)
+    try:
+        wait_until(lambda: _alive(conn, schema) >= 2)
+        _enqueue(conn, schema, 1, sleep=3.0)  # running when the pause comes
+        wait_until(lambda: states(conn, schema).get("in_progress") == 1)
+        r = run_cli("pause", "default", "--dsn", pg_dsn, "--schema", schema, "--by", "ops-anna")
+        assert r.returncode == 0, r.stderr
+        assert "paused queue default" in r.stdout
+        _enqueue(conn, schema, 20)
+        time.sleep(4.0)  # the running task's 3 s are over; nothing new may have started
+        assert states(conn, schema) == {"done": 1, "queued": 20}
+        # `worker status`, human and JSON, says so.
+        r = run_cli("status", "--dsn", pg_dsn, "--schema", schema)
+        assert r.returncode == 0, r.stderr
+        assert "default (paused)" in r.stdout and "by ops-anna" in r.stdout
+        r = run_cli("status", "--dsn", pg_dsn, "--schema", schema, "--json")
+        assert [p["queue"] for p in json.loads(r.stdout)["paused"]] == ["default"]
+        _stop(proc)
+        proc = _fleet(pg_dsn, schema)  # a new fleet reads the same pause
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL"
+                    " AND heartbeat_at > now() - interval '5 seconds'"
+                ).fetchone()[0]
+                >= 2
+            )
+        )
+        time.sleep(2.0)
+        assert states(conn, schema) == {"done": 1, "queued": 20}
+        before = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        assert _pause.resume(conn, schema, "default") is True
+        wait_until(lambda: states(conn, schema) == {"done": 21}, timeout=30)
+        first = conn.execute(
+            f"SELECT min(started) FROM {schema}.executions WHERE started >= %s", (before,)
+        ).fetchone()[0]
+        # The backlog started within a second of the resume, not at the next poll (5 s).
+        assert (first - before).total_seconds() < 1.0, first - before
+    finally:
+        _stop(proc)
+
+
+def test_pause_and_resume_from_sql_and_python(conn: psycopg.Connection, schema: str) -> None:
+    assert conn.execute(f"SELECT {schema}.pause_queue('mail', 'dba')").fetchone()[0] is True
+    assert conn.execute(f"SELECT {schema}.pause_queue('mail')").fetchone()[0] is False
+    [p] = _pause.paused(conn, schema)
+    assert (p.queue, p.paused_by) == ("mail", "dba")  # the first pause stands
+    assert _pause.resume(conn, schema, "mail") is True
+    assert _pause.resume(conn, schema, "mail") is False
+    assert worker.pause_queue(conn, "mail", by="py", schema=schema) is True
+    assert [p.queue for p in worker.paused_queues(conn, schema=schema)] == ["mail"]
+    assert conn.execute(f"SELECT {schema}.resume_queue('mail')").fetchone()[0] is True
+    assert _pause.paused(conn, schema) == []
+    try:
+        conn.execute(f"SELECT {schema}.pause_queue('')")
+    except psycopg.errors.InvalidParameterValue as exc:
+        assert "1 to 255 characters" in str(exc)
+    else:
+        raise AssertionError("an empty queue name was accepted")
+
+
+def test_cli_pause_refuses_bad_names_and_resume_of_an_unpaused_queue(
+    pg_dsn: str, schema: str
+) -> None:
+    r = run_cli("pause", "", "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run_cli("pause", "x" * 256, "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 2 and "1 to 255" in r.stderr
+    r = run_cli("resume", "never-paused", "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 1 and r.stderr.strip().endswith("is not paused"), r.stderr
+    assert run_cli("pause", "q1", "--dsn", pg_dsn, "--schema", schema).returncode == 0
+    r = run_cli("pause", "q1", "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 0 and "was paused already" in r.stdout
+    r = run_cli("resume", "q1", "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 0 and "resumed queue q1" in r.stdout
+
+
+def test_paused_queues_show_on_the_status_page_and_in_metrics(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A hostile queue name is paused: the page lists it escaped, /metrics has one series."""
+    name = '<b id="x">mail</b>'
+    _pause.pause(conn, schema, name, "ops")
+    server = serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0)
+    try:
+        status, body = fetch(server.url)
+        assert status == 200
+        assert "Paused queues" in body and html.escape(name) in body and name not in body
+        samples = scrape(server.url.rstrip("/") + "/metrics")
+        paused = {
+            dict(labels)["queue"]: v
+            for (n, labels), v in samples.items()
+            if n == "worker_queue_paused"
+        }
+        assert paused == {name: 1.0}
+        _pause.resume(conn, schema, name)
+        samples = scrape(server.url.rstrip("/") + "/metrics")
+        assert not [k for k in samples if k[0] == "worker_queue_paused"]
+    finally:
+        server.stop()
