@@ -13,7 +13,7 @@ import psycopg
 
 from .._errors import ConfigError
 from ..dev.bench import add_arguments as add_bench_arguments
-from . import cron, locks
+from . import cron, doctor, locks
 from .commands import (
     cmd_bench,
     cmd_cancel,
@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cron.add_cli(sub, common)
     locks.add_cli(sub, common)
+    doctor.add_cli(sub, common)
     return parser
 
 

@@ -12,6 +12,7 @@ import html
 from dataclasses import replace
 
 from .bounds import ERROR_CHARS, QUEUES_PER_PAGE, ROWS_SHOWN, QueueRow, clip
+from .doctor_panel import render_doctor_panel
 from .markup import (
     LOCK_FIRST,
     age,
@@ -155,6 +156,8 @@ def render_page(
             '<p class="note">None: a live worker serves every queue with due tasks, and has a '
             "handler for every task seen waiting.</p>"
         )
+
+    parts.append(render_doctor_panel(page.health))
 
     # queues
     parts.append('<h2 id="queues">Queues</h2>')
