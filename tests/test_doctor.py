@@ -378,6 +378,11 @@ def test_the_claim_probe_changes_nothing(
     assert found[-1].details["probes"][0]["rows"] == 10  # it did claim ten rows, then undid it
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert conn.execute(table).fetchall() == before
+    # And as `worker doctor` runs it, among the other checks.
+    report = run(conn, s, probe="claim")
+    assert of(report, "claim_cost_high")[-1].details["probes"][0]["rows"] == 10
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert conn.execute(table).fetchall() == before
     with psycopg.connect(pg_dsn) as other:
         locked = other.execute(
             f"SELECT count(*) FROM (SELECT id FROM {s}.tasks FOR UPDATE NOWAIT) AS x"
@@ -480,8 +485,11 @@ def test_cli_json_shape_and_exit_codes(conn: psycopg.Connection, schema: str, pg
     assert done.returncode == 1, done.stderr
     lines = done.stdout.strip().splitlines()
     findings = [ln for ln in lines if ln.split(" ", 1)[0] in ("ok", "WARNING", "CRITICAL")]
-    assert findings[0].startswith("CRITICAL  queue_unserved") and " -> " in findings[0]
-    assert lines[-1].startswith(f"{len(findings)} finding(s) in schema {schema}: 1 critical")
+    (unserved,) = [ln for ln in findings if ln.split()[1] == "queue_unserved"]
+    assert unserved.startswith("CRITICAL  queue_unserved")
+    assert " -> start a worker with `worker run MODULE`" in unserved
+    assert findings.index(unserved) < min(i for i, ln in enumerate(findings) if ln[:2] == "ok")
+    assert lines[-1].startswith(f"{len(findings)} finding(s) in schema {schema}: ")
 
     for bad in (["--probe", "bogus"], ["--xmin-warning", "-1"], ["--connections-warning", "0"]):
         done = run_cli("doctor", "--dsn", pg_dsn, "--schema", schema, *bad)
@@ -660,24 +668,24 @@ def test_slots_tables_connections_running_and_routing_judgements() -> None:
     found = {f.code: f for f in table_findings("w", [table], settings, th, horizon_held=False)}
     assert found["autovacuum_behind"].severity == "warning"
     assert found["autovacuum_behind"].details["threshold"] == 5000
-    assert (
-        found["dead_tuples_high"].severity == "ok" and found["autovacuum_disabled"].severity == "ok"
-    )
+    assert found["dead_tuples_high"].severity == "ok"
+    assert found["autovacuum_disabled"].severity == "ok"
     recent = table | {"autovacuum_seconds": 30.0, "dead": 2_000_000}
     found = {f.code: f for f in table_findings("w", [recent], settings, th, horizon_held=False)}
     assert found["autovacuum_behind"].severity == "ok"  # vacuumed recently: it keeps up
-    assert (
-        found["dead_tuples_high"].severity == "critical"
-        and "VACUUM" in found["dead_tuples_high"].action
-    )
+    assert found["dead_tuples_high"].severity == "critical"
+    assert "VACUUM" in found["dead_tuples_high"].action
+    found = {f.code: f for f in table_findings("w", [recent], settings, th, horizon_held=True)}
+    assert "horizon" in found["dead_tuples_high"].action
     off = table | {"reloptions": ["autovacuum_enabled=false"]}
-    codes = {
-        (f.code, f.severity)
-        for f in table_findings(
-            "w", [off], settings | {"autovacuum": "off"}, th, horizon_held=False
-        )
-    }
-    assert ("autovacuum_disabled", "warning") in codes
+    bad = settings | {"autovacuum": "off", "track_counts": "off"}
+    summaries = [
+        f.summary
+        for f in table_findings("w", [off], bad, th, horizon_held=False)
+        if f.code == "autovacuum_disabled" and f.severity == "warning"
+    ]
+    assert len(summaries) == 3, summaries  # the server's, track_counts, and the table's
+    assert "w.tasks (autovacuum_enabled = false)" in summaries[2]
 
     limits = {"max_connections": "100", "superuser_reserved_connections": "3"}
     sev = [
@@ -686,9 +694,8 @@ def test_slots_tables_connections_running_and_routing_judgements() -> None:
     assert sev == ["ok", "warning", "critical"]
 
     running = {"running": 2, "long_running": 0, "expired": 2, "capped": False, "sample": []}
-    assert [f.severity for f in running_findings(running, th) if f.code == "leases_expired"] == [
-        "critical"
-    ]
+    expired = [f for f in running_findings(running, th) if f.code == "leases_expired"]
+    assert [f.severity for f in expired] == ["critical"]  # every running task is overdue
 
     assert [f.severity for f in routing_findings(Routing([], [], 1))] == ["ok", "ok"]
     q = QueueStats("a", 3, 0, 0, 0, 0, False, False, False, 60.0, False)

@@ -94,10 +94,15 @@ class _Run:
         self.statement_ms = statement_ms
         self.findings: list[Finding] = []
 
-    def guarded(self, name: str, fn: Callable[[], Any], default: Any = None) -> Any:
-        """``fn()`` in a transaction (a savepoint inside one) of its own with the timeouts; a
-        database error becomes a check_failed finding, and ``default`` is returned."""
+    def guarded(
+        self, name: str, fn: Callable[[], Any], default: Any = None, *, own: bool = False
+    ) -> Any:
+        """``fn()`` in a transaction (a savepoint inside one) of its own with the timeouts, or,
+        ``own``, as it is (it opens its transactions itself); a database error becomes a
+        check_failed finding, and ``default`` is returned."""
         try:
+            if own:
+                return fn()
             with self.conn.transaction():
                 self.conn.execute(
                     queries(self.schema)["doctor_local_timeouts"],
@@ -147,9 +152,8 @@ def diagnose(
     settings: dict[str, str] = run.guarded(
         "settings", lambda: checks.read_settings(conn, schema), {}
     )
-    tables: list[dict[str, Any]] = run.guarded(
-        "tables", lambda: checks.read_tables(conn, schema), []
-    )
+    read_tables = run.guarded("tables", lambda: checks.read_tables(conn, schema))
+    tables: list[dict[str, Any]] = read_tables or []
     tasks = next((t for t in tables if t["name"] == "tasks"), None)
     pinned = int(tasks["dead"]) if tasks else None
     horizon = run.guarded("xmin horizon", lambda: horizon_checks.read_horizon(conn, schema))
@@ -174,7 +178,7 @@ def diagnose(
         run.findings += found
         seconds, xids = horizon_checks.horizon_age(sessions, prepared, slots)
         figures |= {"xmin_horizon_age_seconds": seconds, "xmin_horizon_age_xids": xids}
-    if tables or settings:
+    if read_tables is not None:
         run.findings += checks.table_findings(schema, tables, settings, th, horizon_held=held)
     figures["tables"] = {
         t["name"]: {
@@ -215,6 +219,7 @@ def diagnose(
                 horizon_held=held,
             ),
             [],
+            own=True,  # each probe in a transaction of its own, rolled back whole
         )
         run.findings += found
     return Report(

@@ -108,6 +108,18 @@ def table_findings(
                 {"table": None},
             )
         )
+    if settings.get("track_counts") == "off":
+        out.append(
+            Finding(
+                "autovacuum_disabled",
+                WARNING,
+                "track_counts is off: autovacuum cannot tell which tables need it, and every "
+                "dead-row figure here reads 0",
+                "set track_counts = on (postgresql.conf or ALTER SYSTEM) and reload",
+                {"table": None},
+            )
+        )
+    shown: dict[str, str] = {}
     for t in tables:
         name = f"{schema}.{t['name']}"
         dead = int(t.get("dead") or 0)
@@ -118,6 +130,7 @@ def table_findings(
             f"{size(t.get('table_bytes'))}, indexes {size(t.get('index_bytes'))}; last vacuum "
             f"{_ago(t.get('vacuum_seconds'))}, last autovacuum {_ago(t.get('autovacuum_seconds'))}"
         )
+        shown[t["name"]] = figures
         details = {
             "table": t["name"],
             "dead": dead,
@@ -168,18 +181,13 @@ def table_findings(
                 )
             )
     if not any(f.code == "dead_tuples_high" for f in out):
-        biggest = max(tables, key=lambda t: int(t.get("dead") or 0), default=None)
         out.append(
             Finding(
                 "dead_tuples_high",
                 OK,
-                f"{len(tables)} table(s) in schema {quote(schema)}, none with "
+                f"none of the {len(tables)} table(s) of schema {quote(schema)} holds "
                 f"{th.dead_tuples_warning:,} dead row versions or more"
-                + (
-                    f" (most: {biggest['name']}, {int(biggest.get('dead') or 0):,})"
-                    if biggest
-                    else ""
-                ),
+                + (f"; {shown['tasks']}" if "tasks" in shown else ""),
                 "none needed",
                 {"tables": len(tables)},
             )
