@@ -88,10 +88,15 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
         "(read-only), or not at all (off)",
     )
     p.add_argument(
-        "--probe-rows", type=int_in(1, 1000), default=10, help="rows per probed claim (10)"
+        "--probe-rows",
+        metavar="N",
+        type=int_in(1, 1000),
+        default=10,
+        help="rows per probed claim (10)",
     )
     p.add_argument(
         "--xmin-warning",
+        metavar="SECONDS",
         type=seconds_in(0, 365 * DAY),
         default=300.0,
         help="seconds a transaction, snapshot or prepared transaction may hold the xmin "
@@ -99,21 +104,28 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--xmin-critical",
+        metavar="SECONDS",
         type=seconds_in(0, 365 * DAY),
         default=3600.0,
         help="... and critical (3600)",
     )
     p.add_argument(
         "--dead-tuples",
+        metavar="N",
         type=COUNT,
         default=100_000,
         help="dead row versions in one queue table that make a warning (100000)",
     )
     p.add_argument(
-        "--dead-tuples-critical", type=COUNT, default=1_000_000, help="... critical (1000000)"
+        "--dead-tuples-critical",
+        metavar="N",
+        type=COUNT,
+        default=1_000_000,
+        help="... critical (1000000)",
     )
     p.add_argument(
         "--claim-buffers",
+        metavar="N",
         type=int_in(0, 10**9),
         default=20,
         help="buffers a claim's scan may read whatever it claims (20); beyond the budget it is a "
@@ -121,37 +133,49 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--claim-buffers-per-row",
+        metavar="N",
         type=int_in(0, 10**6),
         default=4,
         help="... plus this many per row it claims (4)",
     )
     p.add_argument(
         "--connections-warning",
+        metavar="PERCENT",
         type=SHARE,
         default=80,
         help="percent of the connections non-superusers may open in use for a warning (80)",
     )
-    p.add_argument("--connections-critical", type=SHARE, default=95, help="... critical (95)")
+    p.add_argument(
+        "--connections-critical",
+        metavar="PERCENT",
+        type=SHARE,
+        default=95,
+        help="... critical (95)",
+    )
     p.add_argument(
         "--long-task",
+        metavar="SECONDS",
         type=seconds_in(1, 365 * DAY),
         default=3600.0,
         help="seconds a task may be in progress before it is reported (3600)",
     )
     p.add_argument(
         "--lease-grace",
+        metavar="SECONDS",
         type=seconds_in(0, DAY),
         default=60.0,
         help="seconds past its lease a running task may wait for rescue (60)",
     )
     p.add_argument(
         "--slot-wal-mb",
+        metavar="MB",
         type=int_in(0, 2**40),
         default=1024,
         help="MB of WAL an inactive replication slot may retain (1024)",
     )
     p.add_argument(
         "--statement-timeout",
+        metavar="SECONDS",
         type=seconds_in(0.1, 3600),
         default=10.0,
         help="seconds any one statement of the checks may take (10)",
