@@ -13,7 +13,7 @@ import psycopg
 
 from .._errors import ConfigError
 from ..dev.bench import add_arguments as add_bench_arguments
-from . import cron, locks, pause
+from . import cron, doctor, locks, pause
 from .commands import (
     cmd_bench,
     cmd_cancel,
@@ -235,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     cron.add_cli(sub, common)
     locks.add_cli(sub, common)
     pause.add_cli(sub, common)
+    doctor.add_cli(sub, common)
     return parser
 
 

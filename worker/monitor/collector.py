@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .bounds import OTHER, TOP_QUEUES, TOP_TASKS, exported, label, without_handler
+from .doctor import Report
+from .doctor_findings import CODES, SEVERITIES
 from .instruments import MULTIPROC_ENV
 from .readmodel import Database
 
@@ -71,6 +73,10 @@ class DatabaseCollector:
         return []  # nothing to check at registration; collect() reads the database
 
     def collect(self) -> Iterator[Any]:
+        yield from self._queue_families()
+        yield from health_families(self.db.health())
+
+    def _queue_families(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
         snap = self.db.queue_snapshot()
@@ -194,6 +200,69 @@ class DatabaseCollector:
         )
         alive.add_metric([], snap.workers_alive)
         yield alive
+
+
+def health_families(report: Report) -> Iterator[Any]:
+    """The gauges of `worker doctor`'s cheap checks (no claim probe at scrape time), from the
+    read model's cached report: the xmin horizon's age, dead rows and sizes per queue table,
+    connections, and the findings by code and severity."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    findings = GaugeMetricFamily(
+        "worker_doctor_findings",
+        "Findings of `worker doctor`'s checks (without the claim probe) per code and severity: "
+        'alert on severity!="ok". check_failed counts checks that could not run.',
+        labels=["code", "severity"],
+    )
+    counts: dict[tuple[str, str], int] = {}
+    for f in report.findings:
+        counts[(f.code, f.severity)] = counts.get((f.code, f.severity), 0) + 1
+    for (code, severity), n in sorted(counts.items()):
+        if code in CODES and severity in SEVERITIES:  # a fixed set of label values
+            findings.add_metric([code, severity], n)
+    yield findings
+    if report.error:
+        return
+    figures = report.figures
+    horizon = GaugeMetricFamily(
+        "worker_db_xmin_horizon_age_seconds",
+        "Age of the oldest transaction or prepared transaction holding back the xmin horizon of "
+        "the queue's database (vacuum cannot remove rows that died since); 0 when none does.",
+    )
+    horizon.add_metric([], float(figures.get("xmin_horizon_age_seconds") or 0.0))
+    yield horizon
+    xids = GaugeMetricFamily(
+        "worker_db_xmin_horizon_age_xids",
+        "The same horizon's age in transactions, replication slots included.",
+    )
+    xids.add_metric([], float(figures.get("xmin_horizon_age_xids") or 0))
+    yield xids
+    dead = GaugeMetricFamily(
+        "worker_db_dead_tuples",
+        "Dead row versions per table of the queue's schema (pg_stat_user_tables.n_dead_tup).",
+        labels=["table"],
+    )
+    sizes = GaugeMetricFamily(
+        "worker_db_table_size_bytes",
+        "Size per table of the queue's schema: the table (with TOAST) or its indexes.",
+        labels=["table", "part"],
+    )
+    for name, t in sorted((figures.get("tables") or {}).items()):
+        dead.add_metric([label(name)], t["dead"])
+        sizes.add_metric([label(name), "table"], t["table_bytes"])
+        sizes.add_metric([label(name), "indexes"], t["index_bytes"])
+    yield from (dead, sizes)
+    conns = figures.get("connections")
+    if conns:
+        gauge = GaugeMetricFamily(
+            "worker_db_connections",
+            "Client connections to the server: used (all), fleet (application_name worker*) and "
+            "limit (what non-superusers may open).",
+            labels=["kind"],
+        )
+        for kind in ("used", "fleet", "limit"):
+            gauge.add_metric([kind], conns[kind])
+        yield gauge
 
 
 def build_registry(db: Database, *, multiprocess_dir: str | None) -> Any:

@@ -72,6 +72,12 @@ DATABASE_METRICS: dict[str, str] = {
     "worker_queue_paused": "gauge",
     "worker_unserved_queues": "gauge",
     "worker_tasks_without_handler": "gauge",
+    "worker_doctor_findings": "gauge",
+    "worker_db_xmin_horizon_age_seconds": "gauge",
+    "worker_db_xmin_horizon_age_xids": "gauge",
+    "worker_db_dead_tuples": "gauge",
+    "worker_db_table_size_bytes": "gauge",
+    "worker_db_connections": "gauge",
 }
 
 

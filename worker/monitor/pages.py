@@ -9,6 +9,7 @@ page by page), so the page stays small whatever a producer wrote.
 from __future__ import annotations
 
 from .bounds import clip
+from .doctor_panel import render_doctor_panel
 from .markup import esc, when
 from .readmodel import PageData
 from .sections import (
@@ -84,6 +85,7 @@ def render_page(
     parts.append(cards(page))
     parts.append('<h2 id="routing">Work no live worker will do</h2>')
     parts.append(routing(snap))
+    parts.append(render_doctor_panel(page.health))
     if snap.paused:
         parts.append('<h2 id="paused">Paused queues</h2>')
         parts.append(

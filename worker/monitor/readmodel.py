@@ -25,6 +25,7 @@ from .._admin import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
 from .._config import redact, scrub
 from .._migrate import current_version, latest_version
 from .._sql import queries
+from . import doctor
 from .bounds import ERROR_CHARS, QUEUES_PER_PAGE, ROWS_SHOWN, QueueRow
 
 log = logging.getLogger("worker.metrics")
@@ -91,6 +92,7 @@ class PageData:
     # Each list above holds at most ROWS_SHOWN + 1 rows: one more than the page shows, to know
     # that there are more.
     error: str | None = None
+    health: doctor.Report | None = None  # the doctor's cheap checks (see Database.health)
 
     def age(self) -> float:
         return time.monotonic() - self.taken
@@ -139,6 +141,7 @@ class Database:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._page: PageData | None = None
+        self._health: doctor.Report | None = None
         self._ready_lock = threading.Lock()
         self._ready: tuple[float, bool, str] | None = None
 
@@ -268,10 +271,44 @@ class Database:
             in_flight=int(in_flight),
         )
 
+    # the doctor's checks (for /metrics and the page), but the claim probe
+
+    def health(self) -> doctor.Report:
+        """`worker doctor` without its claim probe, cached like the queue statistics: a few
+        reads of the statistics views, each bounded by a short statement timeout."""
+        report = self._health
+        if report is not None and report.age() < self.ttl:
+            return report
+        snap = self.queue_snapshot()
+        with self._lock:
+            report = self._health
+            if report is not None and report.age() < self.ttl:
+                return report
+            if snap.error:  # the database just failed: no second wait for it in this scrape
+                self._health = doctor.failed(self.schema, snap.error)
+                return self._health
+            routing = snap.routing
+            try:
+                report = self._run(
+                    lambda conn: doctor.diagnose(
+                        conn,
+                        self.schema,
+                        probe="off",
+                        routing=routing,
+                        statement_ms=min(self.statement_timeout_ms, doctor.SCRAPE_STATEMENT_MS),
+                    )
+                )
+            except psycopg.Error as exc:
+                log.warning("database health checks unavailable: %s", _first_line(exc))
+                report = doctor.failed(self.schema, _first_line(exc))
+            self._health = report
+            return report
+
     # the status page
 
     def page(self) -> PageData:
         snap = self.queue_snapshot()
+        health = self.health()
         page = self._page
         if page is not None and page.age() < self.ttl and page.snapshot is snap:
             return page
@@ -283,6 +320,7 @@ class Database:
                 page = self._run(lambda conn: self._read_page(conn, snap))
             except psycopg.Error as exc:
                 page = PageData(snap, time.monotonic(), datetime.now(UTC), error=_first_line(exc))
+            page.health = health
             self._page = page
             return page
 
