@@ -111,6 +111,11 @@ class JobTable:
         self._tokens = 0
         self._margin = overdue_margin
         self.pending = Pending()
+        # Kept as the states change, so the main loop's reads cost nothing per job (it reads
+        # them on every wake-up, and wakes up for every outcome): jobs holding a slot, and the
+        # running jobs that have a deadline.
+        self._active = 0
+        self._timed: dict[int, Job] = {}
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -120,6 +125,7 @@ class JobTable:
         job = Job(self._tokens, claimed, definition, now, None)
         self.jobs[job.token] = job
         self._by_id[claimed.id] = job
+        self._active += 1
         return job
 
     def started(self, token: int, runner: int, at: float) -> None:
@@ -131,6 +137,8 @@ class JobTable:
         job.runner = runner
         timeout = job.definition.timeout
         job.deadline = at + timeout + self._margin if timeout else None
+        if job.deadline is not None:
+            self._timed[token] = job
 
     def finish(self, outcome: Outcome) -> Job | None:
         """An outcome arrived: the job becomes finished (pending acknowledgement), or leaves the
@@ -153,6 +161,7 @@ class JobTable:
         if outcome.acked:
             self.forget(job)
         else:
+            self._leave(job)
             job.state = State.FINISHED
             self.pending.add(job)
         return job
@@ -173,15 +182,23 @@ class JobTable:
         return job
 
     def forget(self, job: Job) -> None:
-        self.jobs.pop(job.token, None)
+        if self.jobs.pop(job.token, None) is not None:
+            self._leave(job)
         if self._by_id.get(job.id) is job:
             del self._by_id[job.id]
+
+    def _leave(self, job: Job) -> None:
+        """The job stops holding a slot or a deadline (it is about to change state, or go)."""
+        if job.state in _ACTIVE:
+            self._active -= 1
+        self._timed.pop(job.token, None)
 
     def overdue(self, now: float) -> list[Job]:
         """running -> overdue for handlers past their timeout (plus the margin)."""
         late = []
-        for job in list(self.jobs.values()):
+        for job in list(self._timed.values()):
             if job.state is State.RUNNING and job.deadline is not None and now > job.deadline:
+                self._leave(job)
                 job.state = State.OVERDUE
                 late.append(job)
         return late
@@ -208,14 +225,14 @@ class JobTable:
 
     def active(self) -> int:
         """Jobs that hold a slot: claimed, or running on a runner that was not written off."""
-        return sum(1 for j in self.jobs.values() if j.state in (State.CLAIMED, State.RUNNING))
+        return self._active
 
     def unfinished(self) -> int:
         """Jobs whose handler has not come back yet (a graceful stop waits for these)."""
         return sum(1 for j in self.jobs.values() if not j.lost and j.state in _UNFINISHED)
 
     def next_deadline(self) -> float | None:
-        times = [j.deadline for j in self.jobs.values() if j.deadline and j.state is State.RUNNING]
+        times = [j.deadline for j in self._timed.values() if j.deadline and j.state is State.RUNNING]
         return min(times) if times else None
 
     def to_hand_back(self) -> list[tuple[int, int]]:
@@ -228,6 +245,7 @@ class JobTable:
 
 
 _UNFINISHED = frozenset({State.CLAIMED, State.RUNNING, State.OVERDUE})
+_ACTIVE = frozenset({State.CLAIMED, State.RUNNING})
 
 
 def decode_payload(raw: Any) -> Any:

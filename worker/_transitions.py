@@ -7,7 +7,7 @@ hot path. All of them fence on (worker id, attempt): a worker can only move rows
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -177,6 +177,14 @@ def behind(conn: psycopg.Connection, q: Queries, cursor: ClaimCursor) -> list[st
     return [r[0] for r in rows]
 
 
+def int_array(values: Iterable[int]) -> str:
+    """Integers as PostgreSQL's text form of an array ('{1,2,3}'), for the statements that take a
+    batch of ids (cast to bigint[] or integer[] there). psycopg adapts a Python list of a hundred
+    ints in about 250 µs, this string in about 15: on the acknowledgement path, per batch, that
+    was the largest cost of the worker's main thread. int() keeps anything else out."""
+    return "{" + ",".join(str(int(v)) for v in values) + "}"
+
+
 def complete(
     conn: psycopg.Connection,
     q: Queries,
@@ -191,7 +199,7 @@ def complete(
     ids, attempts = zip(*done, strict=True)
     rows = conn.execute(
         q["complete_delete" if delete else "complete"],
-        {"ids": list(ids), "attempts": list(attempts), "worker_id": worker_id},
+        {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id},
     ).fetchall()
     kept = {r[0] for r in rows}
     if delete and len(kept) < len(ids):
@@ -210,8 +218,8 @@ def fail(
     rows = conn.execute(
         q["retry"],
         {
-            "ids": [f.id for f in failures],
-            "attempts": [f.attempt for f in failures],
+            "ids": int_array(f.id for f in failures),
+            "attempts": int_array(f.attempt for f in failures),
             "delays": [f.delay for f in failures],
             "errors": [f.error for f in failures],
             "permanent": [f.permanent for f in failures],
@@ -236,8 +244,8 @@ def hand_back(
     found = conn.execute(
         q["hand_back"],
         {
-            "ids": list(ids),
-            "attempts": list(attempts),
+            "ids": int_array(ids),
+            "attempts": int_array(attempts),
             "errors": list(errors),
             "worker_id": worker_id,
         },
@@ -253,7 +261,8 @@ def release(
         return set()
     ids, attempts = zip(*tasks, strict=True)
     rows = conn.execute(
-        q["release"], {"ids": list(ids), "attempts": list(attempts), "worker_id": worker_id}
+        q["release"],
+        {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id},
     ).fetchall()
     return {r[0] for r in rows}
 
@@ -269,11 +278,14 @@ def heartbeat(
     """Renew the leases of (id, attempt) rows still ours, and the worker's own row; returns the
     (id, attempt) pairs that are lost (another owner, another attempt, or no longer running).
     Waits on no lock."""
-    ids = [i for i, _ in tasks]
-    attempts = [a for _, a in tasks]
     rows = conn.execute(
         q["heartbeat"],
-        {"ids": ids, "attempts": attempts, "worker_id": worker_id, "lease_seconds": lease_seconds},
+        {
+            "ids": int_array(i for i, _ in tasks),
+            "attempts": int_array(a for _, a in tasks),
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+        },
     ).fetchall()
     return {(r[0], r[1]) for r in rows}
 
