@@ -12,7 +12,7 @@ class WorkerConfig:
     dsn: str
     schema: str = "worker"
     queues: list[str] | None = None  # None: the queues of the registered tasks, plus "default"
-    concurrency: int = 50
+    concurrency: int = 100
     batch_size: int = 100
     lease_seconds: float = 30.0
     poll_interval: float = 1.0

@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=int_in(1, 1000),
-        default=50,
-        help="task slots per process; runner threads start as work needs them (default 50)",
+        default=100,
+        help="task slots per process; runner threads start as work needs them (default 100)",
     )
     p.add_argument(
         "--batch-size",
