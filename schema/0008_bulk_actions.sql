@@ -172,31 +172,49 @@ LANGUAGE sql IMMUTABLE AS $$
            END;
 $$;
 
--- Which walk a batch continues: 'ids' (the filter lists ids), 'dated' then 'undated' (finished
--- states: rows with a finished_at, then those without), or 'waiting' (scheduled, queued).
-CREATE FUNCTION {schema}.bulk_phase(state text, filter jsonb, cursor jsonb) RETURNS text
+-- The walks of an action's states, each an array of the states one index holds: done and
+-- cancelled share tasks_done_idx, so they are walked together (apart, each walk would read the
+-- other's entries too); every other state is a walk of its own. In the order of `states`.
+CREATE FUNCTION {schema}.bulk_walks(states text[]) RETURNS SETOF text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN s IN ('done', 'cancelled')
+                THEN ARRAY(SELECT x FROM unnest(states) AS x WHERE x IN ('done', 'cancelled'))
+                ELSE ARRAY[s] END
+      FROM unnest(states) WITH ORDINALITY AS u(s, i)
+     WHERE s NOT IN ('done', 'cancelled')
+        OR i = (SELECT min(j) FROM unnest(states) WITH ORDINALITY AS v(x, j)
+                 WHERE x IN ('done', 'cancelled'))
+     ORDER BY i;
+$$;
+
+-- Which part of a walk a batch continues: 'ids' (the filter lists ids), 'dated' then 'undated'
+-- (finished states: rows with a finished_at, then those without), or 'waiting' (scheduled,
+-- queued).
+CREATE FUNCTION {schema}.bulk_phase(states text[], filter jsonb, cursor jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(cursor ->> 'phase',
                     CASE WHEN filter ? 'ids' THEN 'ids'
-                         WHEN state IN ('done', 'failed', 'cancelled') THEN 'dated'
+                         WHEN states[1] IN ('done', 'failed', 'cancelled') THEN 'dated'
                          ELSE 'waiting' END);
 $$;
 
--- One batch of a bulk action over the tasks in one state: reads at most `batch` rows of that state
--- in the order of its index, from where the previous batch stopped (`cursor`: NULL to start), acts
--- on those that match the rest of the filter, and says where to go on (`next_cursor`: NULL when
--- the state is done). Each call is one statement, so each batch commits on its own and none holds
+-- One batch of a bulk action over the tasks of one walk (`states`: one state, or done and
+-- cancelled, see bulk_walks): reads at most `batch` entries of the walk's index, in its order, from
+-- where the previous batch stopped (`cursor`: NULL to start), acts on the rows that match the rest
+-- of the filter, and says where to go on (`next_cursor`: NULL when the walk is done). Each call is one statement, so each batch commits on its own and none holds
 -- more than `batch` row locks; the work of one call is bounded by `batch` however few rows match.
 --
 -- The walks, each on an index of 0001-0007 (a queue in the filter narrows the first four):
 --   failed              (finished_at, id), tasks_failed_idx or tasks_failed_queue_idx
---   done, cancelled     (finished_at, id), tasks_done_idx
+--   done, cancelled     (finished_at, id), tasks_done_idx, both states in one walk (a walk of
+--                       one of them reads the other's entries and leaves them)
 --   queued              (queue, -priority, run_at, id), tasks_claim_idx
 --   scheduled           (queue, run_at, id), tasks_scheduled_queue_idx
 --   with "ids"          id, the primary key
 -- Finished rows without a finished_at (set by hand) are walked after the others, by id, unless
--- the filter has an age. "older_than" on a finished state bounds the walk itself; the task name,
--- the error pattern and a creation age are checked on the rows read.
+-- the filter has an age. A queue (but for done and cancelled) and "older_than" on a finished
+-- state bound the walk itself; the rest of the filter is checked on the rows read, so that one
+-- batch never reads more than `batch` entries, however few of them match.
 --
 -- Only rows that were in the state when the action's first batch ran are taken: a task retried by
 -- this action that fails again meanwhile is not retried twice (the first call fixes `before` and
@@ -214,12 +232,12 @@ $$;
 -- bulk_sql builds the statement of one batch (so that tests can EXPLAIN it); bulk_step runs it.
 -- Its parameters: $1 batch integer, $2 queue text, $3 task text, $4 error text, $5 age interval,
 -- $6 ids bigint[], $7 cursor queue text, $8 cursor -priority integer, $9 cursor finished_at or
--- run_at timestamptz, $10 cursor id bigint, $11 before timestamptz. The state is a literal (one
--- of the names above, checked first), so the planner can match partial indexes; every value the
--- filter holds is a bound parameter, never text of the statement.
+-- run_at timestamptz, $10 cursor id bigint, $11 before timestamptz. The states are literals (the
+-- names above, checked first), so the planner can match partial indexes; every value the filter
+-- holds is a bound parameter, never text of the statement.
 CREATE FUNCTION {schema}.bulk_sql(
     action  text,
-    state   text,
+    states  text[],
     filter  jsonb   DEFAULT '{}',
     cursor  jsonb   DEFAULT NULL,
     dry_run boolean DEFAULT true
@@ -234,11 +252,20 @@ DECLARE
     hit_where  text := 'true';
     taken      text := 'false';
     act        text;
+    listed     text;
+    fence      text;
 BEGIN
     age := {schema}.bulk_check(filter);
-    PERFORM {schema}.bulk_states(action, ARRAY[state]);
-    finished := state IN ('done', 'failed', 'cancelled');
-    phase := {schema}.bulk_phase(state, filter, cursor);
+    PERFORM {schema}.bulk_states(action, states);
+    IF cardinality(states) IS DISTINCT FROM 1
+       AND NOT (states <@ ARRAY['done', 'cancelled'] AND cardinality(states) = 2) THEN
+        RAISE EXCEPTION 'bulk: one walk is one state, or done and cancelled (see bulk_walks)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    finished := states[1] IN ('done', 'failed', 'cancelled');
+    phase := {schema}.bulk_phase(states, filter, cursor);
+    listed := (SELECT string_agg(quote_literal(x), ', ') FROM unnest(states) AS x);
+    fence := format('t.state IN (%s)', listed);
 
     -- The walk's order: its index's columns. A queue in the filter is an equality on the first
     -- column of the waiting states' indexes, so the keyset starts after it. Rows without a
@@ -246,14 +273,26 @@ BEGIN
     -- finished states' indexes serve them (in id order alone, the planner walks the primary key).
     keys := CASE WHEN phase = 'ids' THEN ARRAY['id']
                  WHEN finished THEN ARRAY['finished_at', 'id']
-                 WHEN state = 'queued' THEN ARRAY['queue', '(-priority)', 'run_at', 'id']
+                 WHEN states[1] = 'queued' THEN ARRAY['queue', '(-priority)', 'run_at', 'id']
                  ELSE ARRAY['queue', 'run_at', 'id'] END;
     IF filter ? 'queue' AND phase = 'waiting' THEN
         keys := keys[2:];
     END IF;
 
-    walk_where := format('t.state = %L', state);
-    IF filter ? 'queue' THEN
+    IF states <@ ARRAY['done', 'cancelled'] THEN
+        -- The index holds both: the walk reads its entries, the filter keeps the states asked.
+        walk_where := 't.state IN (''done'', ''cancelled'')';
+        IF cardinality(states) = 1 THEN
+            hit_where := hit_where || format(' AND w.state = %L', states[1]);
+        END IF;
+    ELSE
+        walk_where := fence;
+    END IF;
+    IF filter ? 'queue' AND states <@ ARRAY['done', 'cancelled'] AND phase <> 'ids' THEN
+        -- tasks_done_idx has no queue: checked on the rows read, so a batch still reads at most
+        -- `batch` entries however few of them are in the queue.
+        hit_where := hit_where || ' AND w.queue = $2';
+    ELSIF filter ? 'queue' THEN
         walk_where := walk_where || ' AND t.queue = $2';
     END IF;
     IF phase = 'ids' THEN
@@ -303,22 +342,22 @@ BEGIN
             'UPDATE {schema}.tasks AS t'
             '   SET state = ''queued'', run_at = now(), attempts = 0, finished_at = NULL,'
             '       lease_expires_at = NULL'
-            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND t.state = %L'
-            ' RETURNING t.id', state)
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
         WHEN action = 'cancel' THEN format(
             'UPDATE {schema}.tasks AS t SET state = ''cancelled'', finished_at = now()'
-            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND t.state = %L'
-            ' RETURNING t.id', state)
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
         ELSE format(
             'DELETE FROM {schema}.tasks AS t'
-            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND t.state = %L'
-            ' RETURNING t.id', state)
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
     END;
 
     RETURN format(
         'WITH walk AS ('
-        '    SELECT t.id, t.queue, t.priority, t.run_at, t.finished_at, t.created_at, t.task,'
-        '           t.last_error, t.dedupe_key'
+        '    SELECT t.id, t.state, t.queue, t.priority, t.run_at, t.finished_at, t.created_at,'
+        '           t.task, t.last_error, t.dedupe_key'
         '      FROM {schema}.tasks AS t'
         '     WHERE %s'
         '     ORDER BY %s'
@@ -347,14 +386,15 @@ $$;
 
 CREATE FUNCTION {schema}.bulk_step(
     action  text,
-    state   text,
+    states  text[],
     filter  jsonb   DEFAULT '{}',
     cursor  jsonb   DEFAULT NULL,
     batch   integer DEFAULT 5000,
     dry_run boolean DEFAULT true
 ) RETURNS TABLE (examined integer, matched integer, changed integer, skipped bigint[],
                  sample bigint[], next_cursor jsonb)
-LANGUAGE plpgsql AS $$
+-- A batch runs in milliseconds; JIT would compile its statement first, which alone takes longer.
+LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     stmt   text;
     age    interval;
@@ -366,12 +406,12 @@ BEGIN
     IF batch IS NULL OR batch NOT BETWEEN 1 AND 100000 THEN
         RAISE EXCEPTION 'bulk: batch must be 1 to 100000' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    stmt := {schema}.bulk_sql(action, state, filter, cursor, dry_run);  -- checks them all
+    stmt := {schema}.bulk_sql(action, states, filter, cursor, dry_run);  -- checks them all
     age := {schema}.bulk_check(filter);
     IF filter ? 'ids' THEN
         ids := ARRAY(SELECT jsonb_array_elements_text(filter -> 'ids')::bigint);
     END IF;
-    phase := {schema}.bulk_phase(state, filter, cursor);
+    phase := {schema}.bulk_phase(states, filter, cursor);
     before := coalesce((cursor ->> 'before')::timestamptz, now());
     LOOP
         BEGIN
@@ -408,7 +448,7 @@ $$;
 -- workers' slots), read from tasks_lease_idx.
 CREATE FUNCTION {schema}.bulk_running(filter jsonb DEFAULT '{}', cap integer DEFAULT 100000)
 RETURNS TABLE (running bigint, sample bigint[])
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET jit = off AS $$
 DECLARE
     age interval;
 BEGIN
@@ -448,12 +488,13 @@ CREATE PROCEDURE {schema}.bulk(
 )
 LANGUAGE plpgsql AS $$
 DECLARE
-    states text[];
-    st     text;
-    cur    jsonb;
-    r      record;
+    states   text[];
+    walks    jsonb;
+    walk     text[];
+    cur      jsonb;
+    r        record;
     leftover bigint := 0;
-    batches integer := 0;
+    batches  integer := 0;
 BEGIN
     PERFORM {schema}.bulk_check(filter);
     IF filter = '{}' THEN
@@ -469,10 +510,12 @@ BEGIN
         action_id := {schema}.record_action(actor, action, filter, '{}', 'sql', false);
         COMMIT;
     END IF;
-    FOREACH st IN ARRAY states LOOP
+    walks := (SELECT jsonb_agg(to_jsonb(w)) FROM {schema}.bulk_walks(states) AS w);
+    FOR i IN 0 .. jsonb_array_length(walks) - 1 LOOP
+        walk := ARRAY(SELECT jsonb_array_elements_text(walks -> i));
         cur := NULL;
         LOOP
-            SELECT * INTO r FROM {schema}.bulk_step(action, st, filter, cur, batch, dry_run);
+            SELECT * INTO r FROM {schema}.bulk_step(action, walk, filter, cur, batch, dry_run);
             matched := matched + r.matched;
             changed := changed + r.changed;
             skipped := skipped + cardinality(r.skipped);

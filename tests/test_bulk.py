@@ -94,6 +94,19 @@ def test_python_and_the_schema_agree_on_the_states_of_each_action(
                 _bulk.states_for(action, Filter(states=(other,)))
 
 
+def test_done_and_cancelled_are_walked_together(conn: psycopg.Connection, schema: str) -> None:
+    """One index holds both: a walk of each would read the other's entries too."""
+    for names in (
+        ["done", "failed", "cancelled", "scheduled", "queued"],
+        ["cancelled", "queued"],
+        ["failed"],
+        ["done"],
+    ):
+        rows = conn.execute(f"SELECT w FROM {schema}.bulk_walks(%s) AS w", (names,)).fetchall()
+        assert [w for (w,) in rows] == _bulk.walks(names)
+    assert _bulk.walks(["done", "failed", "cancelled"]) == [["done", "cancelled"], ["failed"]]
+
+
 # -- dry run ---------------------------------------------------------------------------------------
 
 
@@ -202,7 +215,7 @@ def test_a_task_retried_by_the_action_that_fails_again_is_not_retried_twice(
     _failed(conn, schema, 10)
     q = queries(schema)
     flt = {"queue": "mail"}
-    first = tr.bulk_step(conn, q, action="retry", state="failed", filter=flt, cursor=None,
+    first = tr.bulk_step(conn, q, action="retry", states=["failed"], filter=flt, cursor=None,
                          batch=4, dry_run=False)  # fmt: skip
     assert first.changed == 4 and first.cursor is not None
     # One of them runs and fails again at once, after the action started.
@@ -212,7 +225,7 @@ def test_a_task_retried_by_the_action_that_fails_again_is_not_retried_twice(
     )
     cursor, changed = first.cursor, first.changed
     while cursor is not None:
-        step = tr.bulk_step(conn, q, action="retry", state="failed", filter=flt, cursor=cursor,
+        step = tr.bulk_step(conn, q, action="retry", states=["failed"], filter=flt, cursor=cursor,
                             batch=4, dry_run=False)  # fmt: skip
         cursor, changed = step.cursor, changed + step.changed
     assert changed == 10

@@ -401,45 +401,49 @@ def test_purge_reads_only_what_it_deletes(conn: psycopg.Connection, big: str) ->
 # The statement of one batch of each walk (bulk_sql), run as bulk_step runs it: planned with the
 # values bound. (action, state, filter, cursor, the indexes it may read.) Cursors sit in the middle
 # of the rows they walk.
-BULK: dict[str, tuple[str, str, dict[str, Any], dict[str, Any] | None, set[str]]] = {
+BULK: dict[str, tuple[str, list[str], dict[str, Any], dict[str, Any] | None, set[str]]] = {
     "retry failed of a queue": (
-        "retry", "failed", {"queue": "small"}, None, {"tasks_failed_queue_idx"},
+        "retry", ["failed"], {"queue": "small"}, None, {"tasks_failed_queue_idx"},
     ),
     "retry failed by error and age": (
-        "retry", "failed", {"error": "ValueError%", "older_than": 86400}, None,
+        "retry", ["failed"], {"error": "ValueError%", "older_than": 86400}, None,
         {"tasks_failed_idx"},
     ),
     "retry failed from a cursor": (
-        "retry", "failed", {}, {"phase": "dated", "at": "now-3d", "id": 1}, {"tasks_failed_idx"},
+        "retry", ["failed"], {}, {"phase": "dated", "at": "now-3d", "id": 1}, {"tasks_failed_idx"},
     ),
     "retry failed without finished_at": (
-        "retry", "failed", {}, {"phase": "undated", "id": 5}, {"tasks_failed_idx"},
+        "retry", ["failed"], {}, {"phase": "undated", "id": 5}, {"tasks_failed_idx"},
     ),
-    "delete done by age": ("delete", "done", {"older_than": 1800}, None, {"tasks_done_idx"}),
+    "delete done by age": ("delete", ["done"], {"older_than": 1800}, None, {"tasks_done_idx"}),
     "delete cancelled of a queue": (
-        "delete", "cancelled", {"queue": "mail"}, {"phase": "dated", "at": "now-1h", "id": 1},
+        "delete", ["cancelled"], {"queue": "mail"}, {"phase": "dated", "at": "now-1h", "id": 1},
         {"tasks_done_idx"},
     ),
-    "cancel queued": ("cancel", "queued", {}, None, {"tasks_claim_idx"}),
+    "cancel queued": ("cancel", ["queued"], {}, None, {"tasks_claim_idx"}),
     "cancel queued from a cursor": (
-        "cancel", "queued", {"task": "app.task_3"},
+        "cancel", ["queued"], {"task": "app.task_3"},
         {"phase": "waiting", "queue": "mail", "priority": 0, "at": "now-5m", "id": 1},
         {"tasks_claim_idx"},
     ),
     "cancel queued of a queue": (
-        "cancel", "queued", {"queue": "mail"},
+        "cancel", ["queued"], {"queue": "mail"},
         {"phase": "waiting", "priority": -5, "at": "now-5m", "id": 1}, {"tasks_claim_idx"},
     ),
     "cancel scheduled from a cursor": (
-        "cancel", "scheduled", {}, {"phase": "waiting", "queue": "mail", "at": "now+6h", "id": 1},
+        "cancel", ["scheduled"], {}, {"phase": "waiting", "queue": "mail", "at": "now+6h", "id": 1},
         {"tasks_scheduled_queue_idx"},
     ),
     "cancel scheduled of a queue": (
-        "cancel", "scheduled", {"queue": "webhooks"},
+        "cancel", ["scheduled"], {"queue": "webhooks"},
         {"phase": "waiting", "at": "now+6h", "id": 1},
         {"tasks_scheduled_queue_idx", "tasks_scheduled_idx"},
     ),
-    "delete failed by id": ("delete", "failed", {"ids": "some"}, None, {"tasks_pkey"}),
+    "delete done and cancelled": (
+        "delete", ["done", "cancelled"], {"queue": "mail", "older_than": 600}, None,
+        {"tasks_done_idx"},
+    ),
+    "delete failed by id": ("delete", ["failed"], {"ids": "some"}, None, {"tasks_pkey"}),
 }  # fmt: skip
 
 
@@ -474,13 +478,13 @@ def _bulk_args(
 def _explain_bulk(
     conn: psycopg.Connection, s: str, case: str, *, dry_run: bool
 ) -> tuple[float, dict[str, Any]]:
-    action, state, flt, cursor, _ = BULK[case]
+    action, walk, flt, cursor, _ = BULK[case]
     with conn.transaction(force_rollback=True):
         conn.execute(queries(s)["no_jit"])
         flt, cursor, params = _bulk_args(conn, s, flt, cursor)
         row = conn.execute(
-            f"SELECT {s}.bulk_sql(%s, %s, %s::jsonb, %s::jsonb, %s)",
-            (action, state, json.dumps(flt), json.dumps(cursor) if cursor else None, dry_run),
+            f"SELECT {s}.bulk_sql(%s, %s::text[], %s::jsonb, %s::jsonb, %s)",
+            (action, walk, json.dumps(flt), json.dumps(cursor) if cursor else None, dry_run),
         ).fetchone()
         assert row is not None
         types = "integer, text, text, text, interval, bigint[], text, integer, timestamptz, bigint"
@@ -510,7 +514,7 @@ def test_each_bulk_walk_reads_its_index_and_a_batch_is_quick(
     for dry_run, tree in ((True, plan), (False, _explain_bulk(conn, big, case, dry_run=False)[1])):
         tasks = [n for n in _nodes(tree) if n.get("Relation Name") == "tasks"]
         assert not [n for n in tasks if n["Node Type"] == "Seq Scan"], (case, dry_run)
-        walked = {n.get("Index Name") for n in tasks if n.get("Alias") == "t"}
+        walked = {n["Index Name"] for n in _nodes(tree) if "Index Name" in n}
         assert walked & BULK[case][4], (case, dry_run, walked)
     assert ms < LIMIT_MS, f"{case}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
 

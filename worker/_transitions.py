@@ -374,22 +374,21 @@ def bulk_step(
     q: Queries,
     *,
     action: str,
-    state: str,
+    states: Sequence[str],
     filter: Mapping[str, Any],
     cursor: Any,
     batch: int,
     dry_run: bool,
 ) -> BulkStep:
     """One batch of a bulk retry (-> queued), cancel (-> cancelled) or delete over the rows of
-    one state, in a transaction of its own (schema/0008); never a running row. ``dry_run``
-    only counts."""
+    one walk (one state, or done and cancelled), in a transaction of its own (schema/0008);
+    never a running row. ``dry_run`` only counts."""
     with conn.transaction():
-        conn.execute(q["no_jit"])
         row = conn.execute(
             q["bulk_step"],
             {
                 "action": action,
-                "state": state,
+                "states": list(states),
                 "filter": Jsonb(dict(filter)),
                 "batch": batch,
                 "cursor": None if cursor is None else Jsonb(cursor),

@@ -3,9 +3,9 @@
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: bulk_step
--- One batch of one state: see schema/0008, bulk_step. Runs in a transaction of its own.
+-- One batch of one walk: see schema/0008, bulk_step. Runs in a transaction of its own.
 SELECT examined, matched, changed, skipped, sample, next_cursor
-  FROM {schema}.bulk_step(%(action)s, %(state)s, %(filter)s::jsonb, %(cursor)s::jsonb,
+  FROM {schema}.bulk_step(%(action)s, %(states)s::text[], %(filter)s::jsonb, %(cursor)s::jsonb,
                           %(batch)s, %(dry_run)s);
 
 -- name: bulk_states
