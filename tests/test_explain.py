@@ -17,6 +17,7 @@ the cache.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -27,6 +28,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from worker import _admin
 from worker._migrate import migrate
@@ -495,6 +497,129 @@ def test_purge_reads_only_what_it_deletes(conn: psycopg.Connection, big: str) ->
         ).fetchone()
         deleted = conn.execute(queries(big)["purge"], STATEMENTS["purge"](conn, big)).rowcount
     assert expired is not None and deleted == expired[0] > dict(BLOCKS)["failed past retention"]
+
+
+# -- bulk actions (schema/0008) -------------------------------------------------------------------
+
+# The statement of one batch of each walk (bulk_sql), run as bulk_step runs it: planned with the
+# values bound. (action, state, filter, cursor, the indexes it may read.) Cursors sit in the middle
+# of the rows they walk.
+BULK: dict[str, tuple[str, list[str], dict[str, Any], dict[str, Any] | None, set[str]]] = {
+    "retry failed of a queue": (
+        "retry", ["failed"], {"queue": "small"}, None, {"tasks_failed_queue_idx"},
+    ),
+    "retry failed by error and age": (
+        "retry", ["failed"], {"error": "ValueError%", "older_than": 86400}, None,
+        {"tasks_failed_idx"},
+    ),
+    "retry failed from a cursor": (
+        "retry", ["failed"], {}, {"phase": "dated", "at": "now-3d", "id": 1}, {"tasks_failed_idx"},
+    ),
+    "retry failed without finished_at": (
+        "retry", ["failed"], {}, {"phase": "undated", "id": 5}, {"tasks_failed_idx"},
+    ),
+    "delete done by age": ("delete", ["done"], {"older_than": 1800}, None, {"tasks_done_idx"}),
+    "delete cancelled of a queue": (
+        "delete", ["cancelled"], {"queue": "mail"}, {"phase": "dated", "at": "now-1h", "id": 1},
+        {"tasks_done_idx"},
+    ),
+    "cancel queued": ("cancel", ["queued"], {}, None, {"tasks_claim_idx"}),
+    "cancel queued from a cursor": (
+        "cancel", ["queued"], {"task": "app.task_3"},
+        {"phase": "waiting", "queue": "mail", "priority": 0, "at": "now-5m", "id": 1},
+        {"tasks_claim_idx"},
+    ),
+    "cancel queued of a queue": (
+        "cancel", ["queued"], {"queue": "mail"},
+        {"phase": "waiting", "priority": -5, "at": "now-5m", "id": 1}, {"tasks_claim_idx"},
+    ),
+    "cancel scheduled from a cursor": (
+        "cancel", ["scheduled"], {}, {"phase": "waiting", "queue": "mail", "at": "now+6h", "id": 1},
+        {"tasks_scheduled_queue_idx"},
+    ),
+    "cancel scheduled of a queue": (
+        "cancel", ["scheduled"], {"queue": "webhooks"},
+        {"phase": "waiting", "at": "now+6h", "id": 1},
+        {"tasks_scheduled_queue_idx", "tasks_scheduled_idx"},
+    ),
+    "delete done and cancelled": (
+        "delete", ["done", "cancelled"], {"queue": "mail", "older_than": 600}, None,
+        {"tasks_done_idx"},
+    ),
+    "delete failed by id": ("delete", ["failed"], {"ids": "some"}, None, {"tasks_pkey"}),
+}  # fmt: skip
+
+
+def _bulk_args(
+    conn: psycopg.Connection, s: str, flt: dict[str, Any], cursor: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[Any]]:
+    """The filter and cursor with real values, and bulk_step's bound parameters for them."""
+    flt = dict(flt)
+    if flt.get("ids") == "some":
+        rows = conn.execute(f"SELECT id FROM {s}.tasks WHERE state = 'failed' LIMIT 200")
+        flt["ids"] = [r[0] for r in rows]
+    now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    if cursor is not None:
+        cursor = dict(cursor)
+        spec = cursor.get("at", "")
+        if spec.startswith("now"):
+            sign, amount, unit = spec[3], int(spec[4:-1]), spec[-1]
+            step = {"m": 60, "h": 3600, "d": 86400}[unit] * amount * (1 if sign == "+" else -1)
+            cursor["at"] = (now + timedelta(seconds=step)).isoformat()
+        cursor.setdefault("before", now.isoformat())
+    age = flt.get("older_than")
+    params = [
+        5000, flt.get("queue"), flt.get("task"), flt.get("error"),
+        None if age is None else timedelta(seconds=age), flt.get("ids"),
+        (cursor or {}).get("queue"), (cursor or {}).get("priority"),
+        (cursor or {}).get("at"), (cursor or {}).get("id"),
+        (cursor or {}).get("before", now),
+    ]  # fmt: skip
+    return flt, cursor, params
+
+
+def _explain_bulk(
+    conn: psycopg.Connection, s: str, case: str, *, dry_run: bool
+) -> tuple[float, dict[str, Any]]:
+    action, walk, flt, cursor, _ = BULK[case]
+    with conn.transaction(force_rollback=True):
+        conn.execute(queries(s)["no_jit"])
+        flt, cursor, params = _bulk_args(conn, s, flt, cursor)
+        row = conn.execute(
+            f"SELECT {s}.bulk_sql(%s, %s::text[], %s::jsonb, %s::jsonb, %s)",
+            (action, walk, json.dumps(flt), json.dumps(cursor) if cursor else None, dry_run),
+        ).fetchone()
+        assert row is not None
+        types = "integer, text, text, text, interval, bigint[], text, integer, timestamptz, bigint"
+        conn.execute(f"PREPARE bulk_walk ({types}, timestamptz) AS {row[0]}")
+        try:
+            args = sql.SQL(", ").join(sql.Literal(v) for v in params)
+            plan = conn.execute(
+                sql.SQL(
+                    "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) EXECUTE bulk_walk({})"
+                ).format(args)
+            ).fetchone()
+        finally:
+            conn.execute("DEALLOCATE bulk_walk")
+    assert plan is not None
+    return float(plan[0][0]["Execution Time"]), plan[0][0]["Plan"]
+
+
+@pytest.mark.parametrize("case", sorted(BULK))
+def test_each_bulk_walk_reads_its_index_and_a_batch_is_quick(
+    conn: psycopg.Connection, big: str, case: str
+) -> None:
+    """One batch of 5,000 rows: the dry run (what `worker retry|cancel|delete` counts with) in
+    under 200 ms; the action itself, rolled back, reading the same indexes."""
+    runs = [_explain_bulk(conn, big, case, dry_run=True) for _ in range(3)]
+    ms, plan = min(runs, key=lambda r: r[0])
+    TIMINGS[f"bulk: {case}"] = ms
+    for dry_run, tree in ((True, plan), (False, _explain_bulk(conn, big, case, dry_run=False)[1])):
+        tasks = [n for n in _nodes(tree) if n.get("Relation Name") == "tasks"]
+        assert not [n for n in tasks if n["Node Type"] == "Seq Scan"], (case, dry_run)
+        walked = {n["Index Name"] for n in _nodes(tree) if "Index Name" in n}
+        assert walked & BULK[case][4], (case, dry_run, walked)
+    assert ms < LIMIT_MS, f"{case}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
 
 
 # -- the commands ---------------------------------------------------------------------------------

@@ -209,6 +209,8 @@ def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, n
         "errors": ["UnknownTask"] * len(ids),
         "worker_id": str(uuid.uuid4()),
         "lease_seconds": 30.0,
+        "history": 10,
+        "history_chars": 2000,
     }
     nodes = _explain(conn, queries(big_table)[name], params)
     _no_seq_scan(nodes)
@@ -234,10 +236,12 @@ def test_retry_rescue_purge_plans_use_no_table_scan(
                 "errors": ["x"] * n,
                 "permanent": [False] * n,
                 "worker_id": str(uuid.uuid4()),
+                "history": 10,
+                "history_chars": 2000,
             },
         )
     )
-    _no_seq_scan(_explain(conn, q["rescue"], {"limit": 1000}))
+    _no_seq_scan(_explain(conn, q["rescue"], {"limit": 1000, "history": 10, "history_chars": 2000}))
     _no_seq_scan(
         _explain(
             conn,

@@ -232,7 +232,9 @@ class JobTable:
         return sum(1 for j in self.jobs.values() if not j.lost and j.state in _UNFINISHED)
 
     def next_deadline(self) -> float | None:
-        times = [j.deadline for j in self._timed.values() if j.deadline and j.state is State.RUNNING]
+        times = [
+            j.deadline for j in self._timed.values() if j.deadline and j.state is State.RUNNING
+        ]
         return min(times) if times else None
 
     def to_hand_back(self) -> list[tuple[int, int]]:

@@ -13,9 +13,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from ._sql import Queries
 
+# Each task keeps the errors of its last ERROR_HISTORY attempts (column `errors`, schema/0008),
+# each cut to ERROR_HISTORY_CHARS characters; last_error keeps the latest in full.
+ERROR_HISTORY = 10
+ERROR_HISTORY_CHARS = 2000
+_HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 # The cursor of a fresh scan: before any possible (-priority, run_at, id).
 _CURSOR_START: tuple[int, datetime, int] = (
@@ -212,7 +218,8 @@ def complete(
 def fail(
     conn: psycopg.Connection, q: Queries, *, worker_id: str, failures: Sequence[Failure]
 ) -> dict[int, str]:
-    """in_progress -> queued (later) or failed. Returns {id: new state} for rows still ours."""
+    """in_progress -> queued (later) or failed, each error appended to the row's history (the
+    last ERROR_HISTORY kept). Returns {id: new state} for rows still ours."""
     if not failures:
         return {}
     rows = conn.execute(
@@ -224,6 +231,7 @@ def fail(
             "errors": [f.error for f in failures],
             "permanent": [f.permanent for f in failures],
             "worker_id": worker_id,
+            **_HISTORY,
         },
     ).fetchall()
     return {r[0]: r[1] for r in rows}
@@ -248,6 +256,7 @@ def hand_back(
             "attempts": int_array(attempts),
             "errors": list(errors),
             "worker_id": worker_id,
+            **_HISTORY,
         },
     ).fetchall()
     return [r[0] for r in found]
@@ -294,7 +303,8 @@ def worker_died(
     conn: psycopg.Connection, q: Queries, *, worker_id: str, error: str
 ) -> list[tuple[int, str, str, str]]:
     """A dead worker process's running rows go back now (see queries/tasks.sql, worker_died)."""
-    rows = conn.execute(q["worker_died"], {"worker_id": worker_id, "error": error}).fetchall()
+    params = {"worker_id": worker_id, "error": error, **_HISTORY}
+    rows = conn.execute(q["worker_died"], params).fetchall()
     return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
@@ -302,7 +312,8 @@ def rescue(
     conn: psycopg.Connection, q: Queries, *, limit: int = 1000
 ) -> list[tuple[int, str, str, str]]:
     """Expired in_progress -> queued or failed. Returns (id, queue, task, new state) per row."""
-    return [tuple(r) for r in conn.execute(q["rescue"], {"limit": limit}).fetchall()]  # type: ignore[misc]
+    rows = conn.execute(q["rescue"], {"limit": limit, **_HISTORY}).fetchall()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
 def purge(
@@ -373,3 +384,46 @@ def cancel_tasks(conn: psycopg.Connection, q: Queries, *, ids: list[int]) -> int
     """scheduled or queued -> cancelled for each of ``ids``; returns how many."""
     row = conn.execute(q["cancel_tasks"], {"ids": ids}).fetchone()
     return int(row[0]) if row else 0
+
+
+@dataclass(slots=True)
+class BulkStep:
+    """Rows read (at most the batch), matched by the filter, changed; ids skipped (retry: dedupe
+    key taken); a few matched ids; where the state's next batch starts (None: it is done)."""
+
+    examined: int
+    matched: int
+    changed: int
+    skipped: list[int]
+    sample: list[int]
+    cursor: Any
+
+
+def bulk_step(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    action: str,
+    states: Sequence[str],
+    filter: Mapping[str, Any],
+    cursor: Any,
+    batch: int,
+    dry_run: bool,
+) -> BulkStep:
+    """One batch of a bulk retry (-> queued), cancel (-> cancelled) or delete over the rows of
+    one walk (one state, or done and cancelled), in a transaction of its own (schema/0008);
+    never a running row. ``dry_run`` only counts."""
+    with conn.transaction():
+        row = conn.execute(
+            q["bulk_step"],
+            {
+                "action": action,
+                "states": list(states),
+                "filter": Jsonb(dict(filter)),
+                "batch": batch,
+                "cursor": None if cursor is None else Jsonb(cursor),
+                "dry_run": dry_run,
+            },
+        ).fetchone()
+    assert row is not None
+    return BulkStep(row[0], row[1], row[2], list(row[3]), list(row[4]), row[5])

@@ -1,4 +1,5 @@
-"""The short commands: migrate, enqueue, status, retry, cancel, dsn, embedded, bench and demo."""
+"""The short commands: migrate, enqueue, status, retry and cancel of one task, dsn, embedded, bench
+and demo (`worker status --id` is in task.py; bulk retry, cancel and delete in bulk.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .._migrate import migrate
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
 from .common import CliError, age, connect, print_json, require, resolve_dsn, table
+from .task import cmd_task
 from .text import LINE_LIMIT, safe
 
 # The largest payload `worker enqueue` reads (jsonb itself stops at 255 MB).
@@ -123,6 +125,8 @@ def _quote(name: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if getattr(args, "id", None) is not None:
+        return cmd_task(args)
     with connect(args) as conn:
         require(conn, args.schema)
         st = status(conn, args.schema, failed_limit=args.failed)

@@ -13,16 +13,15 @@ import psycopg
 
 from .._errors import ConfigError
 from ..dev.bench import add_arguments as add_bench_arguments
-from . import cron, doctor, locks, pause
+from . import bulk, cron, doctor, locks, pause
+from .bulk import TASK_ID
 from .commands import (
     cmd_bench,
-    cmd_cancel,
     cmd_demo,
     cmd_dsn,
     cmd_embedded,
     cmd_enqueue,
     cmd_migrate,
-    cmd_retry,
     cmd_status,
 )
 from .common import (
@@ -44,7 +43,6 @@ from .text import LINE_LIMIT, safe
 MAX_PROCESSES = max(64, 4 * (os.cpu_count() or 1))
 PRIORITY = int_in(-1_000_000, 1_000_000)
 ATTEMPTS = int_in(1, 1_000_000)
-TASK_ID = int_in(1, 2**63 - 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,21 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedupe-key", default=None)
     p.set_defaults(func=cmd_enqueue)
 
-    p = sub.add_parser("status", parents=[common], help="queues, workers and recent failures")
+    p = sub.add_parser(
+        "status", parents=[common], help="queues, workers and recent failures; or one task (--id)"
+    )
+    p.add_argument(
+        "--id", type=TASK_ID, default=None, help="show this task, with its error history"
+    )
     p.add_argument(
         "--failed", type=int_in(0, 1000), default=10, help="how many recent failures to list"
     )
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("retry", parents=[common], help="requeue a failed task, or all of them")
-    p.add_argument("id", type=TASK_ID, nargs="?")
-    p.add_argument("--failed", action="store_true", help="requeue every failed task")
-    p.add_argument("--queue", default=None, help="with --failed: only this queue")
-    p.set_defaults(func=cmd_retry)
-
-    p = sub.add_parser("cancel", parents=[common], help="cancel a queued task")
-    p.add_argument("id", type=TASK_ID)
-    p.set_defaults(func=cmd_cancel)
+    bulk.add_cli(sub, common)
 
     p = sub.add_parser(
         "dsn",

@@ -271,8 +271,10 @@ SELECT 'queued', s.task, s.queue, s.n, s.sampled >= %(sample)s
  LIMIT %(limit)s;
 
 -- name: get_task
+-- One task, with the errors of its last attempts (`errors`, oldest first; schema/0008).
 SELECT id, queue, task, payload, priority, run_at, state::text AS state, attempts, max_attempts,
-       last_error, dedupe_key, worker_id, lease_expires_at, created_at, started_at, finished_at
+       last_error, coalesce(errors, '[]') AS errors, dedupe_key, worker_id, lease_expires_at,
+       created_at, started_at, finished_at
   FROM {schema}.tasks
  WHERE id = %(id)s;
 

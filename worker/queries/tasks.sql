@@ -203,6 +203,10 @@ RETURNING t.id;
 -- name: retry
 -- Failed attempts: back to queued after the backoff delay, or failed when the handler said not to
 -- retry or the row has used its attempts (its own max_attempts, which an operator may have raised).
+-- Each error is also appended to the row's history (`errors`, schema/0008): the last
+-- %(history)s attempts, each error cut to %(history_chars)s characters, stamped with the database
+-- clock and the worker. Only this statement and the other three that record an error (hand_back,
+-- worker_died, rescue) pay for it; claim and complete do not touch the column.
 UPDATE {schema}.tasks AS t
    SET state = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
                     THEN 'failed'::{schema}.task_state
@@ -211,6 +215,11 @@ UPDATE {schema}.tasks AS t
                      THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
        finished_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts THEN now() END,
        last_error = a.error,
+       errors = jsonb_path_query_array(
+           coalesce(t.errors, '[]') || jsonb_build_object(
+               'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
+               'worker_id', t.worker_id),
+           '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
        lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[],
               %(errors)s::text[], %(permanent)s::boolean[]) AS a(id, attempt, delay, error, permanent)
@@ -224,11 +233,17 @@ RETURNING t.id, t.state::text AS state;
 -- Rows this worker has no handler for (an old worker during a rolling deploy, a typo in a task
 -- name): back to 'scheduled' without counting the attempt, later each time (5 s, 10 s, 20 s, ...
 -- up to 10 minutes), with an error that says why. A worker that has the handler takes them at
--- once when it starts (workers.sql, register).
+-- once when it starts (workers.sql, register). The error joins the history (see retry) marked
+-- "counted": false, under the number of the attempt that was not counted.
 UPDATE {schema}.tasks AS t
    SET state = 'scheduled', attempts = greatest(t.attempts - 1, 0),
        run_at = now() + make_interval(secs => least(5 * power(2, least(t.handed_back, 10)), 600)),
        handed_back = t.handed_back + 1, last_error = left(a.error, 4000),
+       errors = jsonb_path_query_array(
+           coalesce(t.errors, '[]') || jsonb_build_object(
+               'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
+               'worker_id', t.worker_id, 'counted', false),
+           '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
        started_at = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
        AS a(id, attempt, error)
@@ -305,13 +320,22 @@ SELECT set_config('enable_seqscan', 'off', false);
 -- with an error that says how the process died and which tasks it was running. The attempt
 -- counts, as every claimed attempt does: the supervisor cannot tell the task that crashed the
 -- process from its neighbours, and a task that kills its process must still run out of attempts.
+-- The error joins the history (see retry).
 UPDATE {schema}.tasks AS t
    SET state = CASE WHEN t.attempts >= t.max_attempts
                     THEN 'failed'::{schema}.task_state ELSE 'queued' END,
        run_at = now(),
        finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
-       last_error = left(%(error)s || ' during attempt ' || t.attempts
-                         || '; tasks it was running: ' || d.running, 4000),
+       (last_error, errors) = (
+           SELECT e.error,
+                  jsonb_path_query_array(
+                      coalesce(t.errors, '[]') || jsonb_build_object(
+                          'attempt', t.attempts, 'at', now(),
+                          'error', left(e.error, %(history_chars)s), 'worker_id', t.worker_id),
+                      '$[last - $keep + 1 to last]',
+                      jsonb_build_object('keep', %(history)s::integer))
+             FROM (SELECT left(%(error)s || ' during attempt ' || t.attempts
+                               || '; tasks it was running: ' || d.running, 4000) AS error) AS e),
        lease_expires_at = NULL
   FROM (SELECT id, string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
           FROM {schema}.tasks
@@ -327,6 +351,7 @@ RETURNING t.id, t.queue, t.task, t.state::text AS state;
 -- Any worker runs this now and then; no leader is needed. Rows whose lease ran out (their worker
 -- died, hung or lost its connection) become claimable again, or failed when out of attempts; the
 -- attempt that died was counted when it was claimed. SKIP LOCKED keeps concurrent rescuers apart.
+-- The error joins the history (see retry).
 WITH expired AS (
     SELECT id
       FROM {schema}.tasks
@@ -341,8 +366,17 @@ UPDATE {schema}.tasks AS t
                     THEN 'failed'::{schema}.task_state ELSE 'queued' END,
        run_at = now(),
        finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
-       last_error = format('LeaseExpired: worker %%s stopped renewing its lease during attempt %%s '
-                           '(it died, hung or lost its connection)', t.worker_id, t.attempts),
+       (last_error, errors) = (
+           SELECT e.error,
+                  jsonb_path_query_array(
+                      coalesce(t.errors, '[]') || jsonb_build_object(
+                          'attempt', t.attempts, 'at', now(),
+                          'error', left(e.error, %(history_chars)s), 'worker_id', t.worker_id),
+                      '$[last - $keep + 1 to last]',
+                      jsonb_build_object('keep', %(history)s::integer))
+             FROM (SELECT format('LeaseExpired: worker %%s stopped renewing its lease during '
+                                 'attempt %%s (it died, hung or lost its connection)',
+                                 t.worker_id, t.attempts) AS error) AS e),
        lease_expires_at = NULL
 -- See claim: primary-key look-ups, never a scan of the table.
  WHERE t.id = ANY(ARRAY(SELECT id FROM expired))
