@@ -514,3 +514,28 @@ def test_with_the_database_down_pages_say_so_at_once_without_the_password(schema
             assert time.monotonic() - start < 3.0, path
     finally:
         server.stop()
+
+
+def test_the_task_page_shows_each_attempts_error_escaped_and_bounded(
+    armed: MetricsServer, schema: str, conn: psycopg.Connection
+) -> None:
+    """The error history, newest first: a hostile history written by SQL (markup in the errors,
+    a thousand entries, one entry not an object) shows ten rows, escaped; a history that is not
+    an array shows none, and the page still renders."""
+    row = conn.execute(
+        f"INSERT INTO {schema}.tasks (task, state, attempts, finished_at, errors)"
+        " SELECT 't', 'failed', 1000, now(), jsonb_agg(CASE WHEN i = 999 THEN to_jsonb(i) ELSE"
+        " jsonb_build_object('attempt', i, 'at', now(), 'error',"
+        " '<b id=\"x' || i || '\">boom ' || i || '</b>' || repeat('e', 10000)) END"
+        " ORDER BY i) FROM generate_series(1, 1000) AS i RETURNING id"
+    ).fetchone()
+    assert row is not None
+    status, _, page = request(armed, "GET", f"/console/jobs/{row[0]}")
+    assert status == 200 and len(page) < 200_000
+    assert '<table id="attempts">' in page
+    shown = [i for i in range(1, 1001) if f"&lt;b id=&quot;x{i}&quot;&gt;boom {i}" in page]
+    assert shown == [991, 992, 993, 994, 995, 996, 997, 998, 1000], shown  # 999 is not an object
+    assert '<b id="x' not in page and "e" * 4001 not in page
+    conn.execute(f"UPDATE {schema}.tasks SET errors = '\"oops\"' WHERE id = %s", (row[0],))
+    status, _, page = request(armed, "GET", f"/console/jobs/{row[0]}")
+    assert status == 200 and "No attempt has failed." in page

@@ -187,9 +187,26 @@ def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
         f'<section id="live-task" data-live><table class="fields">{fields}</table>'
         f"<h3>Last error (attempt {esc(task['attempts'])})</h3>{err_html}</section>"
         f'<h3>Payload</h3><pre id="payload">{payload}</pre>'
-        '<p class="note">Only the last attempt\'s error is kept in the task row.</p>'
+        f"{_history(task.get('errors') or [])}"
     )
     return layout(frame, "jobs", f"Task {task['id']}", body)
+
+
+def _history(errors: list[dict[str, Any]]) -> str:
+    """Each recorded attempt's error, newest first (the row keeps the last ten)."""
+    if not errors:
+        return '<h3>Attempts</h3><p class="note">No attempt has failed.</p>'
+    rows = "".join(
+        f"<tr><td>{esc(e.get('attempt'))}</td><td>{esc(e.get('at'))}</td>"
+        f"<td>{esc(str(e.get('worker_id') or '')[:8])}</td>"
+        f"<td><pre>{esc(e.get('error') or '', len(e.get('error') or ''))}</pre></td></tr>"
+        for e in errors
+    )
+    return (
+        '<h3>Attempts</h3><table id="attempts"><thead><tr><th>attempt</th><th>at</th>'
+        f"<th>worker</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>"
+        '<p class="note">The row keeps the errors of its last ten failed attempts.</p>'
+    )
 
 
 def bulk_confirm(

@@ -239,7 +239,21 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
        t.cron_at, t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
        w.heartbeat_at AS worker_heartbeat_at, w.stopped_at AS worker_stopped_at,
        left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length,
-       left(p.text, %(chars)s) AS payload, char_length(p.text) AS payload_length
+       left(p.text, %(chars)s) AS payload, char_length(p.text) AS payload_length,
+       -- The error history (schema/0008), newest first: the last ten entries, each error cut to
+       -- 4,000 characters. Anything a producer could have written there by SQL (not an array,
+       -- entries that are not objects, a million of them) reads as what it holds, bounded.
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                    'attempt', e.value->'attempt', 'at', e.value->'at',
+                    'worker_id', e.value->'worker_id',
+                    'error', left(e.value->>'error', 4000)) ORDER BY e.n DESC), '[]')
+          FROM (SELECT x.value, x.n
+                  FROM jsonb_array_elements(CASE WHEN jsonb_typeof(t.errors) = 'array'
+                                                 THEN t.errors ELSE '[]' END)
+                       WITH ORDINALITY AS x(value, n)
+                 ORDER BY x.n DESC
+                 LIMIT 10) AS e)
+           AS errors
   FROM {schema}.tasks AS t
  CROSS JOIN LATERAL (SELECT jsonb_pretty(t.payload) AS text) AS p
   LEFT JOIN {schema}.workers AS w ON w.id = t.worker_id
