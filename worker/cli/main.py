@@ -36,6 +36,7 @@ from .common import (
     seconds,
     seconds_in,
     setup_logging,
+    text_up_to,
 )
 from .run import cmd_run
 from .text import LINE_LIMIT, safe
@@ -199,8 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", default=None, help="with --failed: only this queue")
     p.set_defaults(func=cmd_retry)
 
-    p = sub.add_parser("cancel", parents=[common], help="cancel a queued task")
+    p = sub.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a task: at once if it has not started, else its worker stops it",
+    )
     p.add_argument("id", type=TASK_ID)
+    p.add_argument(
+        "--by",
+        type=text_up_to(200),
+        default=None,
+        help="who cancels, recorded in the row (default: the database role)",
+    )
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser(

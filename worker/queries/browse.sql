@@ -236,7 +236,8 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
        extract(epoch FROM coalesce(t.finished_at, now()) - t.started_at)::float8 AS ran_seconds,
        left(t.dedupe_key, %(name_chars)s) AS dedupe_key,
        left(t.cron_key, %(name_chars)s) AS cron_key,
-       t.cron_at, t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
+       t.cron_at, t.cancel_requested_at, left(t.cancelled_by, %(name_chars)s) AS cancelled_by,
+       t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
        w.heartbeat_at AS worker_heartbeat_at, w.stopped_at AS worker_stopped_at,
        left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length,
        left(p.text, %(chars)s) AS payload, char_length(p.text) AS payload_length
