@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import run_cli, spawn_cli, wait_until
+from test_console_http import armed, request, signed_in  # noqa: F401 - armed: a fixture
 from test_pgbouncer import PGBOUNCER, bouncer_dsn  # noqa: F401 - a fixture, used by name
 
 import worker
@@ -28,6 +29,7 @@ from worker import _cancel
 from worker import _transitions as tr
 from worker._console_actions import cancel as console_cancel
 from worker._sql import queries
+from worker.monitor.server import MetricsServer
 
 # A cancel lands within this many seconds of the request, by the database's clock: from the
 # request's commit (cancel_requested_at) to the acknowledgement that ends the row (finished_at).
@@ -523,3 +525,27 @@ def test_cancel_refuses_what_is_not_a_task_id(conn: psycopg.Connection, schema: 
     for bad in (0, -1, 2**63, True, "12"):
         with pytest.raises(ValueError, match="positive 64-bit integer"):
             worker.cancel(conn, bad, schema=schema)  # type: ignore[arg-type]
+
+
+def test_the_console_page_of_a_running_task_cancels_it(
+    armed: MetricsServer,  # noqa: F811 - the fixture imported above
+    conn: psycopg.Connection,
+    schema: str,
+) -> None:
+    """Over HTTP, signed in as bob: the running task's page offers Cancel, the POST asks its
+    worker to stop it and says so, and the page then shows who asked and when."""
+    c, _ = _claimed(conn, schema)
+    session, csrf = signed_in(armed)
+    _, _, page = request(armed, "GET", f"/console/jobs/{c.id}", headers=session)
+    assert f'action="/console/jobs/{c.id}/cancel"' in page
+    status, headers, _ = request(
+        armed, "POST", f"/console/jobs/{c.id}/cancel", {"csrf": csrf}, session
+    )
+    assert status == 303 and headers["location"] == f"/console/jobs/{c.id}"
+    _, _, page = request(armed, "GET", f"/console/jobs/{c.id}", headers=session)
+    assert f"task {c.id}: cancel requested; it is running, its worker will stop it" in page
+    assert "requested by bob at" in page
+    r = row(conn, schema, c.id)
+    assert (r["state"], r["cancelled_by"]) == ("in_progress", "bob")
+    audit = conn.execute(f"SELECT actor, action, affected FROM {schema}.console_audit").fetchall()
+    assert audit == [("bob", "cancel", 1)]
