@@ -14,7 +14,8 @@ arrive, keeps renewing the running ones through the grace period, then hands bac
 
 Over 500 lines on purpose: the loop, its batches and its stop are one piece because they are the
 only code that moves jobs between states (the rule that keeps the other threads lock-free); what
-could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings.
+could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings,
+_cancel.
 """
 
 from __future__ import annotations
