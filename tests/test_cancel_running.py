@@ -549,3 +549,39 @@ def test_the_console_page_of_a_running_task_cancels_it(
     assert (r["state"], r["cancelled_by"]) == ("in_progress", "bob")
     audit = conn.execute(f"SELECT actor, action, affected FROM {schema}.console_audit").fetchall()
     assert audit == [("bob", "cancel", 1)]
+
+
+def test_a_notification_without_ids_makes_the_worker_read_the_marks(
+    conn: psycopg.Connection, schema: str, thread_worker: Any
+) -> None:
+    """The function sends an empty payload when the ids would not fit in one notification: the
+    worker then reads the marks of every row it holds. A mark alone, with LISTEN up and the next
+    heartbeat 10 s away, is not seen: the notification is what makes the worker look."""
+    reg = worker.Registry()
+    running, stopped = threading.Event(), threading.Event()
+
+    @reg.task("loop")
+    def loop(payload: dict, ctx: worker.Context) -> None:
+        running.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if ctx.cancelled:
+                stopped.set()
+            ctx.check()
+            time.sleep(0.02)
+
+    task_id = worker.enqueue(conn, "loop", {}, schema=schema)
+    with thread_worker(reg, lease_seconds=30) as tw:
+        assert running.wait(10)
+        wait_until(lambda: tw.worker.listener.connected, timeout=10)
+        conn.execute(
+            f"UPDATE {schema}.tasks SET cancel_requested_at = now(), cancelled_by = 'sql'"
+            " WHERE id = %s",
+            (task_id,),
+        )
+        time.sleep(1.5)
+        assert not stopped.is_set()
+        conn.execute("SELECT pg_notify(%s, '')", (f"{schema}.tasks_cancel",))
+        assert stopped.wait(2.0)
+        r = ended_cancelled(conn, schema, task_id)
+        assert r["cancelled_by"] == "sql"
