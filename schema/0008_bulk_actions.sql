@@ -336,12 +336,14 @@ BEGIN
             '                  WHERE d.dedupe_key = h.dedupe_key'
             '                    AND d.state IN (''scheduled'', ''queued'', ''in_progress'')))';
     END IF;
+    -- A retried task starts afresh: a cancel request from an earlier run must not follow it
+    -- (those two columns come with schema/0010; this text runs only once every migration is in).
     act := CASE
         WHEN dry_run THEN 'SELECT NULL::bigint AS id WHERE false'
         WHEN action = 'retry' THEN format(
             'UPDATE {schema}.tasks AS t'
             '   SET state = ''queued'', run_at = now(), attempts = 0, finished_at = NULL,'
-            '       lease_expires_at = NULL'
+            '       lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL'
             ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
             ' RETURNING t.id', fence)
         WHEN action = 'cancel' THEN format(

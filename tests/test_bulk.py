@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from conftest import run_cli, spawn_cli, states, wait_until
 
+import worker
 from worker import _bulk
 from worker import _transitions as tr
 from worker._bulk import Filter, like_escape
@@ -448,7 +449,8 @@ def test_the_old_single_task_forms_still_work(
     common = _common(pg_dsn, schema)
     first, second = (i for (i,) in conn.execute(f"SELECT id FROM {schema}.tasks ORDER BY id"))
     assert run_cli("retry", str(first), *common).stdout.strip() == f"requeued task {first}"
-    assert run_cli("cancel", str(first), *common).stdout.strip() == f"cancelled task {first}"
+    r = run_cli("cancel", str(first), *common)
+    assert r.stdout.strip() == f"cancelled task {first} (it had not started)"
     r = run_cli("retry", "--failed", "--queue", "mail", *common)  # acts at once, as before
     assert r.stdout.strip() == "requeued 1 failed task(s)"
     assert states(conn, schema) == {"cancelled": 1, "queued": 1}
@@ -551,3 +553,36 @@ def test_psql_runs_the_same_actions_in_batches_and_records_them(
     ]:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
             conn.execute(call + ", dry_run => false)", (json.dumps(bad),))
+
+
+def test_a_bulk_retry_of_a_task_cancelled_while_running_runs_it_to_done(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """A task someone cancelled while it ran keeps its cancel request in the row; retrying it
+    must start it afresh, or its next run would end cancelled again whatever the handler did."""
+    task_id = conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, finished_at,"
+        " cancel_requested_at, cancelled_by) VALUES ('again', 'q', 'cancelled', 1, now(), now(),"
+        " 'ops') RETURNING id"
+    ).fetchone()[0]
+    flt = _bulk.Filter(ids=(task_id,), states=("cancelled",))
+    out = _bulk.apply(conn, schema, "retry", flt, actor="test")
+    assert out.changed == 1
+    assert conn.execute(
+        f"SELECT state::text, cancel_requested_at, cancelled_by FROM {schema}.tasks WHERE id = %s",
+        (task_id,),
+    ).fetchone() == ("queued", None, None)
+    reg = worker.Registry()
+    reg.task("again", queue="q")(lambda p: None)
+    with thread_worker(reg):
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (task_id,)
+                ).fetchone()[0]
+                in ("done", "cancelled")
+            )
+        )
+    assert conn.execute(
+        f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (task_id,)
+    ).fetchone() == ("done",)

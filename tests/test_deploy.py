@@ -440,6 +440,7 @@ def test_producer_role_can_enqueue_and_nothing_else(
         f"SELECT * FROM {schema}.workers",
         f"SELECT * FROM {schema}.schema_migrations",
         f"DROP TABLE {schema}.tasks",
+        f"SELECT {schema}.cancel_task(1)",
     ):
         assert denied(conn, p, statement), statement
 

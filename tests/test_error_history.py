@@ -105,7 +105,9 @@ def test_rescue_worker_died_and_hand_back_append_to_the_history(
     assert [r[0] for r in tr.rescue(conn, q)] == [rescued]
     tr.worker_died(conn, q, worker_id=gone, error="WorkerDied: process 42 died")
     hostile = 'UnknownTask: no handler named "t" \\ %s \n 100% ☃'
-    assert tr.hand_back(conn, q, worker_id=back, rows=[(handed, 2, hostile)]) == [handed]
+    assert tr.hand_back(conn, q, worker_id=back, rows=[(handed, 2, hostile)]) == {
+        handed: "scheduled"
+    }
 
     for task_id, owner, text, extra in [
         (rescued, dead, f"LeaseExpired: worker {dead} stopped renewing", {}),

@@ -305,9 +305,9 @@ def _minutes(conn: psycopg.Connection, s: str) -> dict[str, Any]:
     return {"minutes": [now - i * timedelta(minutes=1) for i in range(3)], "cap": MINUTE_CAP}
 
 
-# Every statement of queries/admin.sql, metrics.sql, browse.sql, console.sql and pause.sql, and
-# purge, with the parameters the code gives it. A statement added to those files fails
-# test_every_statement_is_listed until it is listed here, so none skips the guard.
+# Every statement of queries/admin.sql, metrics.sql, browse.sql, console.sql, pause.sql and
+# cancel.sql, and purge, with the parameters the code gives it. A statement added to those files
+# fails test_every_statement_is_listed until it is listed here, so none skips the guard.
 STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     # queries/admin.sql
     "queue_stats": _fixed(
@@ -340,7 +340,6 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     "retry_failed_queue": _retry_params("small"),
     "retry_failed_all": _retry_params(None),
     "db_now": _no_params,
-    "cancel_task": lambda conn, s: {"id": _one_id(conn, s, "state = 'scheduled'")},
     "wake": lambda conn, s: {"channel": notify_channel(s)},
     # queries/metrics.sql
     "metrics_state_estimates": lambda conn, s: {"schema": s},
@@ -375,7 +374,6 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     "console_minute": _no_params,
     # queries/console.sql and queries/pause.sql: the console's actions (rolled back)
     "retry_tasks": _ids("state = 'failed'"),
-    "cancel_tasks": _ids("state = 'queued'"),
     "delete_tasks": _ids("state = 'done'"),
     "console_audit_insert": _fixed(
         actor="alice", address="127.0.0.1", action="retry", target="{}", affected=1
@@ -384,6 +382,17 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     "pause_queue": _fixed(queue="mail", by="alice"),
     "resume_queue": _fixed(queue="mail"),
     "paused_queues": _fixed(limit=10_000),
+    # queries/cancel.sql: a cancel of queued and running tasks (rolled back), and the lease
+    # keeper's read of cancel requests when it cannot LISTEN
+    "cancel_tasks": lambda conn, s: {
+        "ids": _ids("state = 'queued'", 50)(conn, s)["ids"]
+        + _ids("state = 'in_progress'", 50)(conn, s)["ids"],
+        "by": "alice",
+    },
+    "cancel_requests": lambda conn, s: {
+        **_ids("state = 'in_progress'", 50)(conn, s),
+        "worker_id": str(uuid.uuid4()),
+    },
     # queries/tasks.sql: retention
     "purge": _fixed(
         done_seconds=KEEP_DONE,
@@ -401,6 +410,7 @@ def _named(path: str) -> set[str]:
 def test_every_statement_is_listed() -> None:
     guarded = _named("admin.sql") | _named("metrics.sql") | {"purge"}
     guarded |= _named("browse.sql") | _named("console.sql") | _named("pause.sql")
+    guarded |= _named("cancel.sql")
     assert guarded == set(STATEMENTS), (
         f"not guarded: {sorted(guarded - set(STATEMENTS))}; "
         f"listed but gone: {sorted(set(STATEMENTS) - guarded)}"

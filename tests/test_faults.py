@@ -234,17 +234,17 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
 
     before = row()
     assert before[:3] == ("in_progress", b, 2)
-    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 1)]) == set()
-    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 1)], delete=True) == set()
-    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 2)]) == set()  # B's attempt number
+    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 1)]) == {}
+    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 1)], delete=True) == {}
+    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 2)]) == {}  # B's attempt number
     failure = tr.Failure(task_id, 1, 0.0, "ValueError: late", permanent=True)
     assert tr.fail(conn, q, worker_id=a, failures=[failure]) == {}
     assert tr.release(conn, q, worker_id=a, tasks=[(task_id, 1)]) == set()
-    lost = tr.heartbeat(conn, q, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600)
-    assert lost == {(task_id, 1)}
-    assert tr.complete(conn, q, worker_id=b, done=[(task_id, 1)]) == set()  # stale attempt
+    beat = tr.heartbeat(conn, q, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600)
+    assert beat.lost == {(task_id, 1)} and beat.cancel == set()
+    assert tr.complete(conn, q, worker_id=b, done=[(task_id, 1)]) == {}  # stale attempt
     assert row() == before
-    assert tr.complete(conn, q, worker_id=b, done=[(task_id, 2)]) == {task_id}
+    assert tr.complete(conn, q, worker_id=b, done=[(task_id, 2)]) == {task_id: "done"}
     assert row()[:3] == ("done", b, 2)
 
 

@@ -118,4 +118,4 @@ def test_a_scheduled_task_can_be_cancelled(
     assert row.fetchone() == ("cancelled",)
     again = run_cli("cancel", str(task_id), *common)
     assert again.returncode == 1
-    assert "it is cancelled (only scheduled or queued tasks can)" in again.stderr
+    assert "was not cancelled: it is cancelled already" in again.stderr

@@ -6,8 +6,9 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 """
 
 from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
+from ._cancel import Cancellation, cancel
 from ._enqueue import enqueue, enqueue_async, enqueue_many
-from ._errors import ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
+from ._errors import Cancelled, ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
 from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
 from ._migrate import migrate
 from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
@@ -17,6 +18,8 @@ from ._worker import Worker, WorkerConfig
 
 __all__ = [
     "AdvisoryLock",
+    "Cancellation",
+    "Cancelled",
     "ConfigError",
     "Context",
     "DoNotRetry",
@@ -34,6 +37,7 @@ __all__ = [
     "WorkerError",
     "advisory_keys",
     "advisory_lock",
+    "cancel",
     "cron",
     "current_lock",
     "enqueue",

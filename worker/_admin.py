@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from . import _cancel
 from . import _transitions as tr
 from ._sql import notify_channel, queries
 
@@ -392,8 +393,11 @@ def retry_failed(
             conn.execute(q["wake"], {"channel": notify_channel(schema)})
 
 
-def cancel(conn: psycopg.Connection, schema: str, task_id: int) -> bool:
-    return tr.cancel_task(conn, queries(schema), task_id=task_id)
+def cancel(
+    conn: psycopg.Connection, schema: str, task_id: int, *, by: str | None = None
+) -> _cancel.Cancellation:
+    """Cancel one task whatever its state (a running one: its worker is asked to stop it)."""
+    return _cancel.cancel_tasks(conn, queries(schema), ids=[task_id], by=by)[0]
 
 
 def get_task(conn: psycopg.Connection, schema: str, task_id: int) -> dict[str, Any] | None:

@@ -111,9 +111,10 @@ class Batcher:
 
     def acknowledge(
         self, conn: psycopg.Connection, jobs: list[Job]
-    ) -> tuple[set[int], dict[int, str]]:
-        """The done, failed and handed-back jobs, one statement each: (ids completed,
-        {id: new state})."""
+    ) -> tuple[dict[int, str], dict[int, str]]:
+        """The done, failed and handed-back jobs, one statement each: ({id: "done" or
+        "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
+        cancel request end "cancelled" either way."""
         done = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.ok]
         failures = [
             failure(j) for j in jobs if j.outcome and not j.outcome.ok and not j.outcome.handback
@@ -123,7 +124,7 @@ class Batcher:
             for j in jobs
             if j.outcome and j.outcome.handback
         ]
-        kept: set[int] = set()
+        kept: dict[int, str] = {}
         states: dict[int, str] = {}
         if done:
             kept = tr.complete(
@@ -132,8 +133,9 @@ class Batcher:
         if failures:
             states = tr.fail(conn, self.q, worker_id=self.worker_id, failures=failures)
         if handbacks:
-            for task_id in tr.hand_back(conn, self.q, worker_id=self.worker_id, rows=handbacks):
-                states[task_id] = "handed_back"
+            back = tr.hand_back(conn, self.q, worker_id=self.worker_id, rows=handbacks)
+            for task_id, state in back.items():
+                states[task_id] = "cancelled" if state == "cancelled" else "handed_back"
         return kept, states
 
     def claim(self, conn: psycopg.Connection, free: int, now: float) -> Claim | None:
@@ -214,14 +216,21 @@ def failure(job: Job) -> tr.Failure:
     )
 
 
-def log_acknowledged(jobs: list[Job], kept: set[int], states: dict[int, str]) -> int:
+def log_acknowledged(jobs: list[Job], kept: dict[int, str], states: dict[int, str]) -> int:
     """After the commit: say what happened to each job; returns how many completed."""
     completed = 0
     for job in jobs:
         outcome = job.outcome
         assert outcome is not None
-        if outcome.ok and job.id in kept:
+        if outcome.ok and kept.get(job.id) == "done":
             completed += 1
+        elif outcome.ok and job.id in kept:
+            log.info(
+                "task %d attempt %d cancelled: its handler finished after the cancel request, "
+                "so its result is not recorded",
+                job.id,
+                job.attempt,
+            )
         elif not outcome.ok and job.id in states:
             state = states[job.id]
             log.log(
@@ -229,9 +238,11 @@ def log_acknowledged(jobs: list[Job], kept: set[int], states: dict[int, str]) ->
                 "task %d attempt %d %s: %s",
                 job.id,
                 job.attempt,
-                {"failed": "failed for good", "handed_back": "handed back"}.get(
-                    state, "will retry"
-                ),
+                {
+                    "failed": "failed for good",
+                    "handed_back": "handed back",
+                    "cancelled": "cancelled",
+                }.get(state, "will retry"),
                 outcome.error.splitlines()[0] if outcome.error else "",
             )
         else:

@@ -1,9 +1,10 @@
 """The operator console's actions on tasks (retry, cancel, delete; one task or many by id) and the
 record of every action taken (``record``, into schema/0009's ``console_audit``).
 
-State changes go through ``_transitions`` like every other; deleting a row is not a change of
-state, so its statement is here. Each statement re-checks the state of every row it touches, so
-ids listed a moment ago that have moved on since are left alone (and not counted).
+State changes go through ``_transitions`` (cancelling: ``_cancel``) like every other; deleting a
+row is not a change of state, so its statement is here. Each statement re-checks the state of
+every row it touches, so ids listed a moment ago that have moved on since are left alone (and not
+counted).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from . import _cancel
 from . import _transitions as tr
 from ._sql import notify_channel, queries
 
@@ -27,6 +29,7 @@ ADDRESS_CHARS = 100
 class Outcome:
     changed: int  # rows the action changed
     skipped: int = 0  # retry only: rows left failed because a live task holds their dedupe key
+    requested: int = 0  # cancel only: running tasks (among ``changed``) their workers will stop
 
 
 def _ids(ids: list[int]) -> list[int]:
@@ -54,9 +57,14 @@ def retry(conn: psycopg.Connection, schema: str, ids: list[int]) -> Outcome:
     raise AssertionError("unreachable")
 
 
-def cancel(conn: psycopg.Connection, schema: str, ids: list[int]) -> Outcome:
-    """Tasks among ``ids`` that have not started (scheduled or queued) to cancelled."""
-    return Outcome(tr.cancel_tasks(conn, queries(schema), ids=_ids(ids)))
+def cancel(conn: psycopg.Connection, schema: str, ids: list[int], *, by: str) -> Outcome:
+    """Tasks among ``ids`` that have not started (scheduled or queued) to cancelled, and running
+    ones marked for their workers to stop (``requested``; they end cancelled), for ``by``."""
+    done = _cancel.cancel_tasks(conn, queries(schema), ids=_ids(ids), by=by[:ACTOR_CHARS])
+    requested = sum(1 for c in done if c.outcome == "requested")
+    # A task asked to stop before (its first request stands) is counted again here: the console
+    # says "requested" for it all the same.
+    return Outcome(requested + sum(1 for c in done if c.outcome == "cancelled"), 0, requested)
 
 
 def delete(conn: psycopg.Connection, schema: str, ids: list[int]) -> Outcome:

@@ -25,3 +25,12 @@ class DoNotRetry(Exception):
 
 class LostLease(WorkerError):
     """The worker no longer owns a task: its lease expired and the row was rescued."""
+
+
+class Cancelled(WorkerError):
+    """Raised by ``ctx.check()`` in a handler whose task someone asked to cancel.
+
+    Let it propagate: the task ends ``cancelled`` (a transactional handler's writes roll back).
+    Catching it changes nothing in the database: a task with a cancel request ends cancelled
+    whatever its handler does, and is never recorded done.
+    """

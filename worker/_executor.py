@@ -10,11 +10,16 @@ A handler past its timeout cannot be stopped from outside its thread. The main t
 retired runner finishes its job, reports it, and exits. Async handlers are cancelled at their
 timeout by ``asyncio.wait_for``; one that ignores cancellation (it blocks its loop) is retired
 like a stuck sync handler.
+
+A cancel request (see ``_cancel``) reaches a handler the same ways: an async handler's task is
+cancelled (``cancel``, called by the main thread), a sync one sees ``ctx.cancelled`` and
+``ctx.check()`` raises ``Cancelled``. A job cancelled before a runner took it never starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue as queue_mod
 import threading
@@ -22,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import DoNotRetry
+from ._errors import Cancelled, DoNotRetry
 from ._job import Job, Outcome, format_error
 from ._registry import Context
 
@@ -124,6 +129,12 @@ class Executor:
                 if job.lost:  # rescued before it started: another worker has it now
                     self._events.put(Outcome(job.token, ok=False, error="lost", runner=number))
                     continue
+                if job.cancel_requested:  # cancelled while it waited for a runner
+                    error = "Cancelled: cancelled before its handler started"
+                    self._events.put(
+                        Outcome(job.token, ok=False, error=error, permanent=True, runner=number)
+                    )
+                    continue
                 job.runner = number
                 if job.definition.timeout:
                     # Tells the main thread a runner started it: the deadline counts from here,
@@ -161,13 +172,27 @@ class Executor:
                 coro = d.fn(payload, self._context(job)) if d.wants_context else d.fn(payload)
                 if d.timeout:
                     coro = asyncio.wait_for(coro, d.timeout)
-                loop.run_until_complete(coro)
+                task = loop.create_task(coro)
+                job.aio = (loop, task)
+                if job.cancel_requested:  # the request came before ``aio`` was set: see cancel
+                    task.cancel()
+                try:
+                    loop.run_until_complete(task)
+                finally:
+                    job.aio = None
             elif d.wants_context:
                 d.fn(payload, self._context(job))
             else:
                 d.fn(payload)
-        except DoNotRetry as exc:
+        except (DoNotRetry, Cancelled) as exc:
             outcome.ok, outcome.permanent, outcome.error = False, True, format_error(exc)
+        except asyncio.CancelledError as exc:
+            outcome.ok, outcome.permanent = False, job.cancel_requested
+            outcome.error = (
+                "Cancelled: the handler was cancelled at a cancel request"
+                if job.cancel_requested
+                else format_error(exc)
+            )
         except TimeoutError as exc:
             outcome.ok = False
             outcome.error = (
@@ -181,4 +206,15 @@ class Executor:
         return outcome
 
 
-__all__ = ["Executor"]
+def cancel(job: Job) -> None:
+    """Stop the handler of a job just flagged ``cancel_requested`` (on the main thread): an async
+    handler's task is cancelled on its loop; a sync handler reads the flag itself."""
+    aio = job.aio
+    if aio is None:
+        return  # sync, not started, or its runner cancels the task itself (see _execute)
+    loop, task = aio
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the task is over
+        loop.call_soon_threadsafe(task.cancel)
+
+
+__all__ = ["Executor", "cancel"]

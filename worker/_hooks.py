@@ -49,7 +49,9 @@ class Hooks:
         pass
 
     def acked(self, worker: Any, kind: str, ids: Iterable[Any] | Mapping[int, str]) -> None:
-        """kind "done": ids completed; kind "failed": {id: "queued" | "failed"}."""
+        """kind "done": ids completed; kind "failed": {id: "queued" | "scheduled" | "failed" |
+        "handed_back"}; kind "cancelled": ids that ended cancelled (a cancel request, schema/0010)
+        instead of done or retried."""
 
     def lost(self, worker: Any, row: Claimed) -> None:
         pass

@@ -8,6 +8,10 @@
     any state but acking ──▶ lost      (the lease thread found the row is no longer ours)
     claimed | running   ──▶ released   (a graceful stop handed it back)
 
+A cancel request (``cancel``) is a flag, not a state: a claimed job then never starts, a running
+one is told (its context's ``cancelled``; an async handler's task is cancelled), and the database
+ends the row cancelled whatever outcome comes back.
+
 The main thread moves a job between these states; the lease thread only reads them (which rows
 to renew) and sets ``lost``. A job leaves the worker's table only once its row is acknowledged,
 handed back, or lost, so a graceful stop knows exactly what it still holds.
@@ -68,6 +72,10 @@ class Job:
     outcome: Outcome | None = None
     payload: Any = None  # decoded at dispatch from the claim's text (see decode_payload)
     committed: bool = False  # a transactional handler's transaction committed (set by its runner)
+    cancel_requested: bool = False  # someone asked to cancel the task (set by the main thread)
+    # (loop, asyncio task) of an async handler while it runs, so the main thread can cancel it
+    # (set and cleared by its runner).
+    aio: tuple[Any, Any] | None = None
 
     @property
     def id(self) -> int:
@@ -181,6 +189,19 @@ class JobTable:
             self.forget(job)
         return job
 
+    def cancel(self, task_id: int) -> Job | None:
+        """Someone asked to cancel the task: flag its job if it has not finished; returns the job
+        if this is news (the caller then stops its handler)."""
+        job = self._by_id.get(task_id)
+        if job is None or job.lost or job.cancel_requested or job.state not in _UNFINISHED:
+            return None
+        job.cancel_requested = True
+        return job
+
+    def holds(self, task_id: int) -> bool:
+        """Whether a job of this task is in the table; safe from any thread (one dict read)."""
+        return task_id in self._by_id
+
     def forget(self, job: Job) -> None:
         if self.jobs.pop(job.token, None) is not None:
             self._leave(job)
@@ -218,6 +239,10 @@ class JobTable:
                 self.pending.add(job)
 
     # -- reads ---------------------------------------------------------------------------------
+
+    def running_ids(self) -> list[int]:
+        """Ids of the jobs whose handler has not come back; called from the lease thread."""
+        return [j.id for j in list(self.jobs.values()) if j.state in _UNFINISHED]
 
     def leased(self) -> list[tuple[int, int]]:
         """(id, attempt) of the rows to renew; called from the lease thread."""

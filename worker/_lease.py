@@ -8,6 +8,11 @@ grace period, so a task that is still running when a deploy begins keeps its lea
 Every ``interval`` seconds it renews, in one statement, every row of the jobs it is given that is
 still this worker's at the claimed attempt, and reports the ones that are not (rescued, claimed
 again by another worker, or, for the same worker, at another attempt) as lost.
+
+It is also the fallback by which a worker learns of cancel requests (see ``_cancel``): each
+heartbeat reports the renewed rows that have one, and while the worker cannot LISTEN (``polling``
+says so: PgBouncer in transaction mode, ``--no-listen``, a listener reconnecting) it reads the
+marks of the rows it holds every ``cancel_poll`` seconds, one primary-key read of those rows.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
+from . import _cancel
 from . import _transitions as tr
 from ._conn import OwnConnection
 from ._sql import Queries
@@ -29,6 +35,12 @@ log = logging.getLogger("worker")
 Leased = Callable[[], Iterable[tuple[int, int]]]
 # (id, attempt) pairs found lost, for the worker to act on (it re-checks each job's state).
 OnLost = Callable[[list[tuple[int, int]]], None]
+# Task ids with a cancel request, for the worker to act on (it re-checks each job's state).
+OnCancel = Callable[[list[int]], None]
+# The ids of the rows whose handler has not come back (those a cancel request can still stop).
+Running = Callable[[], Iterable[int]]
+# How often the marks are read while the worker cannot LISTEN: the promise is "within a second".
+CANCEL_POLL = 1.0
 
 
 class LeaseKeeper:
@@ -43,6 +55,10 @@ class LeaseKeeper:
         leased: Leased,
         on_lost: OnLost,
         prepare: bool = True,
+        running: Running = list,
+        on_cancel: OnCancel | None = None,
+        polling: Callable[[], bool] = lambda: False,
+        cancel_poll: float = CANCEL_POLL,
     ) -> None:
         self.dsn = dsn
         self.q = q
@@ -52,6 +68,12 @@ class LeaseKeeper:
         self._leased = leased
         self._on_lost = on_lost
         self._prepare = prepare
+        self._running = running
+        self._on_cancel = on_cancel
+        self._polling = polling
+        self.cancel_poll = cancel_poll
+        self._check_cancels = False  # read the marks at the next turn (check_cancels)
+        self._renew = False  # renew at the next turn (renew_now)
         self._stop = threading.Event()
         self._now = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,6 +96,13 @@ class LeaseKeeper:
 
     def renew_now(self) -> None:
         """Renew at once (e.g. when the worker starts holding new rows after an outage)."""
+        self._renew = True
+        self._now.set()
+
+    def check_cancels(self) -> None:
+        """Read the cancel marks of the rows held, soon (a listener just (re)connected, or a
+        notification named no ids)."""
+        self._check_cancels = True
         self._now.set()
 
     def stop(self) -> None:
@@ -84,23 +113,53 @@ class LeaseKeeper:
         self._conn.close()
 
     def _run(self) -> None:
+        next_beat = 0.0
+        next_poll = 0.0
         while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                ok = self._beat()
-            except Exception:  # never die: the worker stops claiming when renewals stop
-                log.exception("lease renewal failed")
-                self._conn.close()
-                ok = False
-            # After a failure try again soon: an outage shorter than the lease must not cost it.
-            wait = self.interval if ok else min(self.interval, 0.5)
-            self._now.wait(max(wait - (time.monotonic() - started), 0.0))
+            now = time.monotonic()
+            if self._renew or now >= next_beat:
+                self._renew = self._check_cancels = False  # the heartbeat reads the marks too
+                try:
+                    ok = self._beat()
+                except Exception:  # never die: the worker stops claiming when renewals stop
+                    log.exception("lease renewal failed")
+                    self._conn.close()
+                    ok = False
+                # After a failure try again soon: an outage shorter than the lease must not
+                # cost it.
+                next_beat = now + (self.interval if ok else min(self.interval, 0.5))
+                next_poll = now + self.cancel_poll
+            elif self._check_cancels or (self._polling() and now >= next_poll):
+                self._check_cancels = False
+                self._poll_cancels()
+                next_poll = now + self.cancel_poll
+            # At least once per cancel_poll, to notice when polling starts (the listener lost
+            # its connection): a wake-up without a statement unless polling.
+            wake = min(next_beat, next_poll if self._polling() else now + self.cancel_poll)
+            self._now.wait(max(wake - time.monotonic(), 0.0))
             self._now.clear()
+
+    def _poll_cancels(self) -> None:
+        """Read the cancel marks of the rows whose handler still runs; a failure waits for the
+        next turn (the heartbeat reconnects)."""
+        if self._on_cancel is None:
+            return
+        ids = list(self._running())
+        if not ids:
+            return
+        try:
+            found = _cancel.requests(self._conn.get(), self.q, worker_id=self.worker_id, ids=ids)
+        except psycopg.Error as exc:
+            self._conn.close()
+            log.info("reading cancel requests failed (%s); retrying", _first_line(exc))
+            return
+        if found:
+            self._on_cancel(sorted(found))
 
     def _beat(self) -> bool:
         pairs = list(self._leased())
         try:
-            lost = tr.heartbeat(
+            beat = tr.heartbeat(
                 self._conn.get(),
                 self.q,
                 worker_id=self.worker_id,
@@ -109,13 +168,19 @@ class LeaseKeeper:
             )
         except psycopg.Error as exc:
             self._conn.close()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.warning("lease renewal failed (%s); retrying", first)
+            log.warning("lease renewal failed (%s); retrying", _first_line(exc))
             return False
         self.last_renewal = time.monotonic()
-        if lost:
-            self._on_lost(sorted(lost))
+        if beat.lost:
+            self._on_lost(sorted(beat.lost))
+        if beat.cancel and self._on_cancel is not None:
+            self._on_cancel(sorted(beat.cancel))
         return True
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = ["LeaseKeeper"]

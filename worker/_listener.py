@@ -1,27 +1,31 @@
-"""The listener: a thread with a connection of its own that turns NOTIFY into a wake-up.
+"""The listener: a thread with a connection of its own that turns NOTIFY into wake-ups.
 
 Optional: without it a worker polls. Behind PgBouncer in transaction mode LISTEN needs a direct
-connection (``listen_dsn``). After a reconnection it wakes the worker once, since rows may have
-come while nobody listened.
+connection (``listen_dsn``). It listens on one or more channels, each with its own callback
+(new rows, and cancel requests: see ``_cancel``). After a (re)connection it calls every callback
+once with None, since notifications may have been sent while nobody listened; ``connected``
+says whether LISTEN is in place right now, so that others can poll while it is not.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import psycopg
 from psycopg import sql
 
 log = logging.getLogger("worker")
 
+Callback = Callable[[str | None], None]
+
 
 class Listener:
-    def __init__(self, dsn: str, channel: str, wake: Callable[[str | None], None]) -> None:
+    def __init__(self, dsn: str, channels: Mapping[str, Callback]) -> None:
         self.dsn = dsn
-        self.channel = channel
-        self._wake = wake
+        self.channels = dict(channels)
+        self.connected = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -35,23 +39,29 @@ class Listener:
             self._thread.join(timeout=2)
 
     def _run(self) -> None:
-        channel = sql.Identifier(self.channel)
         backoff = 0.5
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    for channel in self.channels:
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     backoff = 0.5
-                    self._wake(None)  # rows may have come while we were not listening
+                    self.connected = True
+                    for wake in self.channels.values():
+                        wake(None)  # something may have come while we were not listening
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5, stop_after=1):
-                            self._wake(note.payload)  # the queues that got rows
+                            wake = self.channels.get(note.channel)
+                            if wake is not None:
+                                wake(note.payload)
             except psycopg.Error as exc:
+                self.connected = False
                 log.info(
                     "listener disconnected (%s); polling until it reconnects", type(exc).__name__
                 )
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
+        self.connected = False
 
 
 __all__ = ["Listener"]

@@ -7,7 +7,9 @@ import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._errors import Cancelled
 
 if TYPE_CHECKING:
     import psycopg
@@ -17,6 +19,12 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF = 2.0
 
 
+class CancelSignal(Protocol):
+    """Whatever tells a context that its task was asked to stop (the worker's job)."""
+
+    cancel_requested: bool
+
+
 @dataclass
 class Context:
     """What a handler may want besides its payload.
@@ -24,6 +32,11 @@ class Context:
     ``conn`` is set only for handlers registered with ``transactional=True``: it is the
     connection whose open transaction will also mark the task done, so the handler's writes and
     the completion commit together or not at all.
+
+    ``cancelled`` turns true when someone asks to cancel the task while it runs (``worker
+    cancel``, ``worker.cancel()``, ``SELECT worker.cancel_task(...)``, the console); ``check()``
+    then raises ``worker.Cancelled``. A sync handler that runs for long should call ``check()``
+    between steps; an ``async`` one is cancelled by the worker itself.
     """
 
     task_id: int
@@ -34,6 +47,17 @@ class Context:
     worker_id: str
     conn: psycopg.Connection | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    cancel_signal: CancelSignal | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether someone asked to cancel this task (read from the worker, no database trip)."""
+        return self.cancel_signal is not None and self.cancel_signal.cancel_requested
+
+    def check(self) -> None:
+        """Raise ``worker.Cancelled`` if someone asked to cancel this task; else do nothing."""
+        if self.cancel_signal is not None and self.cancel_signal.cancel_requested:
+            raise Cancelled(f"task {self.task_id} was cancelled while it ran")
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,12 @@ def notify_channel(schema: str) -> str:
     return f"{validate_schema_name(schema)}.tasks"
 
 
+def cancel_channel(schema: str) -> str:
+    """The channel cancel requests for running tasks are sent on (see schema/0010): apart from
+    ``notify_channel``, whose payload is a list of queue names."""
+    return f"{notify_channel(schema)}_cancel"
+
+
 def execute(conn: psycopg.Connection, query: Any, params: Mapping[str, Any]) -> list[Any]:
     """One statement in a transaction of its own, whatever the caller's connection: as is on an
     autocommit connection; otherwise in a transaction, or a savepoint inside the caller's open

@@ -1,5 +1,8 @@
 """Where a task row changes state: the Python side of ``queries/tasks.sql``.
 
+Cancelling (an operator's request, and the worker's poll for requests) is in ``_cancel``, by
+concept; every other change of a task's state is here.
+
 Every function here runs one statement for a whole batch of tasks; none is called per task on the
 hot path. All of them fence on (worker id, attempt): a worker can only move rows it still owns.
 """
@@ -198,18 +201,19 @@ def complete(
     worker_id: str,
     done: Sequence[tuple[int, int]],
     delete: bool = False,
-) -> set[int]:
-    """in_progress -> done (or deleted). Returns the ids that were still ours."""
+) -> dict[int, str]:
+    """in_progress -> done (or deleted), or cancelled for rows someone asked to cancel. Returns
+    {id: "done" | "cancelled"} for the rows that were still ours (a deleted row counts as done)."""
     if not done:
-        return set()
+        return {}
     ids, attempts = zip(*done, strict=True)
-    rows = conn.execute(
-        q["complete_delete" if delete else "complete"],
-        {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id},
-    ).fetchall()
-    kept = {r[0] for r in rows}
-    if delete and len(kept) < len(ids):
-        # Cron rows are kept (their slot must stay taken); mark those done instead.
+    params = {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id}
+    if not delete:
+        return dict(conn.execute(q["complete"], params).fetchall())
+    kept = {r[0]: "done" for r in conn.execute(q["complete_delete"], params).fetchall()}
+    if len(kept) < len(ids):
+        # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
+        # (they end cancelled): mark those instead.
         rest = [(i, a) for i, a in done if i not in kept]
         kept |= complete(conn, q, worker_id=worker_id, done=rest, delete=False)
     return kept
@@ -243,11 +247,12 @@ def hand_back(
     *,
     worker_id: str,
     rows: Sequence[tuple[int, int, str]],
-) -> list[int]:
+) -> dict[int, str]:
     """in_progress -> scheduled, uncounted, for rows of tasks this worker has no handler for:
-    (id, attempt, error) each. Returns the ids still ours."""
+    (id, attempt, error) each; cancelled for rows with a cancel request. Returns {id: new state}
+    for the rows still ours."""
     if not rows:
-        return []
+        return {}
     ids, attempts, errors = zip(*rows, strict=True)
     found = conn.execute(
         q["hand_back"],
@@ -259,7 +264,7 @@ def hand_back(
             **_HISTORY,
         },
     ).fetchall()
-    return [r[0] for r in found]
+    return dict(found)
 
 
 def release(
@@ -276,6 +281,14 @@ def release(
     return {r[0] for r in rows}
 
 
+@dataclass(slots=True)
+class Beat:
+    """What a heartbeat found: rows lost, and rows someone asked to cancel."""
+
+    lost: set[tuple[int, int]]  # (id, attempt): another owner, another attempt, or not running
+    cancel: set[int]  # ids of renewed rows with a cancel request (schema/0010)
+
+
 def heartbeat(
     conn: psycopg.Connection,
     q: Queries,
@@ -283,10 +296,9 @@ def heartbeat(
     worker_id: str,
     tasks: Sequence[tuple[int, int]],
     lease_seconds: float,
-) -> set[tuple[int, int]]:
-    """Renew the leases of (id, attempt) rows still ours, and the worker's own row; returns the
-    (id, attempt) pairs that are lost (another owner, another attempt, or no longer running).
-    Waits on no lock."""
+) -> Beat:
+    """Renew the leases of (id, attempt) rows still ours, and the worker's own row; says which
+    rows are lost and which of the renewed ones have a cancel request. Waits on no lock."""
     rows = conn.execute(
         q["heartbeat"],
         {
@@ -296,7 +308,7 @@ def heartbeat(
             "lease_seconds": lease_seconds,
         },
     ).fetchall()
-    return {(r[0], r[1]) for r in rows}
+    return Beat({(r[0], r[1]) for r in rows if not r[2]}, {r[0] for r in rows if r[2]})
 
 
 def worker_died(
@@ -363,11 +375,6 @@ def retry_failed_batch(
     return tuple(row)
 
 
-def cancel_task(conn: psycopg.Connection, q: Queries, *, task_id: int) -> bool:
-    """queued -> cancelled; False when the task is not queued (or does not exist)."""
-    return bool(conn.execute(q["cancel_task"], {"id": task_id}).fetchall())
-
-
 def retry_tasks(
     conn: psycopg.Connection, q: Queries, *, ids: list[int], channel: str
 ) -> tuple[int, int]:
@@ -378,12 +385,6 @@ def retry_tasks(
     if row[0]:
         conn.execute(q["wake"], {"channel": channel})
     return int(row[0]), int(row[1])
-
-
-def cancel_tasks(conn: psycopg.Connection, q: Queries, *, ids: list[int]) -> int:
-    """scheduled or queued -> cancelled for each of ``ids``; returns how many."""
-    row = conn.execute(q["cancel_tasks"], {"ids": ids}).fetchone()
-    return int(row[0]) if row else 0
 
 
 @dataclass(slots=True)

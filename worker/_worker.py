@@ -5,7 +5,8 @@ Four kinds of thread, each with one job and its own connection, so none can dela
 * the main thread (this module) claims and acknowledges: one transaction per batch that
   acknowledges the finished jobs and claims the next rows, and nothing else;
 * runner threads (``_executor``) run handlers and report outcomes as plain values;
-* the lease keeper (``_lease``) renews the leases of every job the process holds;
+* the lease keeper (``_lease``) renews the leases of every job the process holds, and reads
+  cancel requests when no listener can hear them;
 * maintenance (``_maintenance``) rescues expired rows, purges old ones and enqueues cron slots.
 
 Each job is a small state machine (``_job``). A graceful stop acknowledges finished jobs as they
@@ -13,7 +14,8 @@ arrive, keeps renewing the running ones through the grace period, then hands bac
 
 Over 500 lines on purpose: the loop, its batches and its stop are one piece because they are the
 only code that moves jobs between states (the rule that keeps the other threads lock-free); what
-could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings.
+could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings,
+_cancel.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from . import _cancel
 from . import _transitions as tr
 from ._batch import Batcher, Claim, log_acknowledged
 from ._conn import OwnConnection
 from ._cron import make_ticker
-from ._errors import LostLease
-from ._executor import Executor
+from ._errors import Cancelled, LostLease
+from ._executor import Executor, cancel
 from ._hooks import Hooks
 from ._job import Job, JobTable, Outcome, State, clean_text, decode_payload, display, format_error
 from ._lease import LeaseKeeper
@@ -46,7 +49,7 @@ from ._maintenance import Maintenance, MaintenanceConfig
 from ._migrate import require_schema
 from ._registry import DEFAULT_QUEUE, Context, Registry, TaskDef, registry
 from ._settings import WorkerConfig
-from ._sql import notify_channel, queries
+from ._sql import cancel_channel, notify_channel, queries
 from ._supervisor import LIVENESS_ENV, WORKER_ID_ENV
 from ._vacuum import Vacuumer
 
@@ -130,7 +133,20 @@ class Worker:
             leased=self.table.leased,
             on_lost=lambda ids: self._events.put(("lost", ids)),
             prepare=config.prepare,
+            running=self.table.running_ids,
+            on_cancel=lambda ids: self._events.put(("cancel", ids)),
+            polling=self._cannot_listen,
         )
+        # LISTEN for new rows and for cancel requests; None: poll (see _lease for cancels).
+        self.listener: Listener | None = None
+        if config.listen:
+            self.listener = Listener(
+                config.listen_dsn or config.dsn,
+                {
+                    notify_channel(config.schema): lambda p: self._events.put(("notify", p)),
+                    cancel_channel(config.schema): self._cancel_notified,
+                },
+            )
         self.maintenance = Maintenance(
             config.dsn,
             self.q,
@@ -199,10 +215,8 @@ class Worker:
                 },
             )
             services: list[Any] = [self.executor, self.lease, self.maintenance]
-            if cfg.listen:
-                channel = notify_channel(cfg.schema)
-                wake = lambda payload: self._events.put(("notify", payload))  # noqa: E731
-                services.append(Listener(cfg.listen_dsn or cfg.dsn, channel, wake))
+            if self.listener is not None:
+                services.append(self.listener)
             for service in services:
                 service.start()
                 started.append(service)
@@ -353,6 +367,8 @@ class Worker:
             elif item[0] == "lost":
                 with self._hooks_lock:
                     self._lost(item[1])
+            elif item[0] == "cancel":
+                self._cancel(item[1])
             try:
                 item = self._events.get_nowait()
             except queue_mod.Empty:
@@ -395,6 +411,38 @@ class Worker:
                 display(job.claimed.task),
             )
             self.hooks.lost(self, job.claimed)
+
+    def _cancel(self, ids: list[int]) -> None:
+        """Someone asked to cancel these tasks: stop the handlers of those still running here.
+        The rows end cancelled whatever the handlers do (see complete in queries/tasks.sql)."""
+        for task_id in ids:
+            job = self.table.cancel(task_id)
+            if job is None:
+                continue  # not ours, or its handler already came back
+            log.info(
+                "task %d (%s): cancel requested; %s",
+                job.id,
+                display(job.claimed.task),
+                "cancelling its handler"
+                if job.definition.is_async
+                else "its handler sees ctx.cancelled",
+            )
+            cancel(job)
+
+    def _cancel_notified(self, payload: str | None) -> None:
+        """On the listener thread: a notification on the cancel channel. Only the ids this
+        process holds wake the main thread."""
+        ids = _cancel.parse_payload(payload)
+        if ids is None:  # no ids (too many to list, or a reconnection): read the marks
+            self.lease.check_cancels()
+            return
+        held = [task_id for task_id in ids if self.table.holds(task_id)]
+        if held:
+            self._events.put(("cancel", held))
+
+    def _cannot_listen(self) -> bool:
+        """Whether cancel requests must be polled for: no listener, or it is reconnecting."""
+        return self.listener is None or not self.listener.connected
 
     def _check_deadlines(self, now: float) -> None:
         """Write off handlers past their timeout: their rows stay leased until they return."""
@@ -490,12 +538,19 @@ class Worker:
         self._dispatch(got.rows)
         return len(got.rows), full
 
-    def _report_acked(self, jobs: list[Job], kept: set[int], states: dict[int, str]) -> None:
+    def _report_acked(self, jobs: list[Job], kept: dict[int, str], states: dict[int, str]) -> None:
         """Inside the acknowledging transaction: tell the hooks what it changed."""
+        cancelled: list[int] = []
+        if "cancelled" in kept.values() or "cancelled" in states.values():  # rare: look closer
+            cancelled = [i for i, s in (*kept.items(), *states.items()) if s == "cancelled"]
+            kept = {i: s for i, s in kept.items() if s != "cancelled"}
+            states = {i: s for i, s in states.items() if s != "cancelled"}
         if any(j.outcome and j.outcome.ok for j in jobs):
             self.hooks.acked(self, "done", [j.id for j in jobs if j.id in kept])
         if any(j.outcome and not j.outcome.ok for j in jobs):
             self.hooks.acked(self, "failed", states)
+        if cancelled:
+            self.hooks.acked(self, "cancelled", cancelled)
 
     def _dispatch(self, rows: list[tr.Claimed]) -> None:
         now = time.monotonic()
@@ -618,10 +673,14 @@ class Worker:
 
     def _context(self, job: Job, conn: psycopg.Connection | None = None) -> Context:
         c = job.claimed
-        return Context(c.id, c.task, c.queue, c.attempt, c.max_attempts, self.id, conn)
+        return Context(
+            c.id, c.task, c.queue, c.attempt, c.max_attempts, self.id, conn, cancel_signal=job
+        )
 
     def _run_transactional(self, job: Job) -> None:
-        """Run the handler inside the transaction that marks its task done (fenced)."""
+        """Run the handler inside the transaction that marks its task done (fenced). A task
+        someone asked to cancel is not done: its handler's writes roll back, and the failure
+        raised here ends the row cancelled through the retry statement."""
         assert self.pool is not None
         c = job.claimed
         with self.pool.connection() as conn, conn.transaction():
@@ -630,6 +689,10 @@ class Worker:
             if c.id not in kept:
                 raise LostLease(
                     f"task {c.id} was rescued while its handler ran; its writes are rolled back"
+                )
+            if kept[c.id] == "cancelled":
+                raise Cancelled(
+                    f"task {c.id} was cancelled while its handler ran; its writes are rolled back"
                 )
 
 

@@ -23,7 +23,7 @@ from .._admin import STATES
 from .._bulk import BulkError, Filter, Outcome
 from .commands import cmd_cancel as cancel_one
 from .commands import cmd_retry as retry_one
-from .common import CliError, connect, int_in, print_json, require
+from .common import CliError, connect, int_in, print_json, require, text_up_to
 from .text import LINE_LIMIT, safe
 
 TASK_ID = int_in(1, 2**63 - 1)
@@ -111,8 +111,12 @@ def _add_filters(p: argparse.ArgumentParser, action: str, *, queue: bool = True)
     p.add_argument("--yes", action="store_true", help="act; without it, only count and show")
     p.add_argument(
         "--actor",
+        "--by",
+        dest="actor",
+        type=text_up_to(200),
         default=os.environ.get("WORKER_ACTOR"),
-        help="who to record as running the action (default: $WORKER_ACTOR, else user@host)",
+        help="who to record as running the action (default: $WORKER_ACTOR, else user@host; "
+        "for one task cancelled by id: the database role)",
     )
     p.add_argument(
         "--batch-size",

@@ -239,16 +239,21 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """One line saying what happened; exit 1 when nothing could be cancelled."""
     with connect(args) as conn:
         require(conn, args.schema)
-        if not _admin.cancel(conn, args.schema, args.id):
-            task = _admin.get_task(conn, args.schema, args.id)
-            state = task["state"] if task else "missing"
-            raise CliError(
-                f"task {args.id} cannot be cancelled: it is {state} "
-                "(only scheduled or queued tasks can)"
-            )
-    print(f"cancelled task {args.id}")
+        done = _admin.cancel(conn, args.schema, args.id, by=args.actor)
+    if args.json:
+        print_json(done.as_dict())
+        return 0 if done.outcome in ("cancelled", "requested") else 1
+    if done.outcome == "cancelled":
+        print(f"cancelled task {args.id} (it had not started)")
+    elif done.outcome == "requested":
+        print(f"cancel requested for task {args.id}: it is running, its worker will stop it")
+    elif done.outcome == "finished":
+        raise CliError(f"task {args.id} was not cancelled: it is {done.state} already")
+    else:
+        raise CliError(f"task {args.id} was not cancelled: there is no such task")
     return 0
 
 

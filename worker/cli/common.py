@@ -78,6 +78,17 @@ def seconds_in(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def text_up_to(limit: int) -> Callable[[str], str]:
+    """A flag type: 1 to ``limit`` characters, none of them NUL (a text column cannot hold it)."""
+
+    def parse(text: str) -> str:
+        if not text or len(text) > limit or "\x00" in text:
+            raise argparse.ArgumentTypeError(f"expected 1 to {limit} characters, no NUL")
+        return text
+
+    return parse
+
+
 DAY = 86400.0
 positive_int = int_in(1, 2**31 - 1)
 seconds = seconds_in(0, 10 * 365 * DAY)

@@ -8,6 +8,7 @@ signed-in session and it carries that session's CSRF token. A refused POST chang
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -294,7 +295,7 @@ class Console:
     ) -> Response:
         if task_id >= 2**63:
             return _redirect("/console/jobs")
-        fn = {"retry": actions.retry, "cancel": actions.cancel, "delete": actions.delete}[verb]
+        fn = self._actions(who[0])[verb]
         outcome = self._act(
             session,
             who,
@@ -304,7 +305,11 @@ class Console:
         )
         if outcome is not None:
             past = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[verb]
-            if outcome.changed:
+            if outcome.requested:
+                session.flash.append(
+                    f"task {task_id}: cancel requested; it is running, its worker will stop it"
+                )
+            elif outcome.changed:
                 session.flash.append(f"task {task_id} {past}")
             elif outcome.skipped:
                 session.flash.append(
@@ -334,7 +339,7 @@ class Console:
             session.flash.append(f"{action} failed: {scrub(first_line(exc))}")
             return _redirect(back)
         ids = [task_id for task_id, state in found if state in states]
-        fn = {"retry": actions.retry, "cancel": actions.cancel, "delete": actions.delete}[action]
+        fn = self._actions(who[0])[action]
         target = {"filter": f.fields(), "matched": len(found)}
         outcome = self._act(
             session, who, f"bulk {action}", target, lambda conn: fn(conn, self.schema, ids)
@@ -343,10 +348,21 @@ class Console:
             text = f"{action}: {outcome.changed:,} of {len(found):,} matching task(s) changed"
             if outcome.skipped:
                 text += f"; {outcome.skipped:,} skipped (a live task holds their dedupe key)"
+            if outcome.requested:
+                text += f" ({outcome.requested:,} running: their workers will stop them)"
             if more:
                 text += "; more may match: run it again"
             session.flash.append(text)
         return _redirect(back)
+
+    @staticmethod
+    def _actions(actor: str) -> dict[str, Callable[[psycopg.Connection, str, list[int]], Any]]:
+        """The task actions by verb; a cancel records who asked for it in the task row."""
+        return {
+            "retry": actions.retry,
+            "cancel": functools.partial(actions.cancel, by=actor),
+            "delete": actions.delete,
+        }
 
     def _queue_action(
         self, session: Session, who: tuple[str, str], verb: str, queue: str

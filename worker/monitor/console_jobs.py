@@ -18,7 +18,7 @@ ROW_TEXT_CHARS = 160
 BULK = {
     # action: (button label, states it applies to)
     "retry": ("Retry", ("failed", "cancelled")),
-    "cancel": ("Cancel", ("scheduled", "queued")),
+    "cancel": ("Cancel", ("scheduled", "queued", "in_progress")),
     "delete": ("Delete", ("scheduled", "queued", "done", "failed", "cancelled")),
 }
 
@@ -147,7 +147,19 @@ def _fields(task: dict[str, Any]) -> list[tuple[str, str]]:
         ("handed back", f"{esc(task['handed_back'])} time(s) by workers without its handler"),
         ("dedupe key", esc(task["dedupe_key"] or "-", 1000)),
         ("cron", esc(cron)),
+        ("cancel", esc(_cancel_text(task))),
     ]
+
+
+def _cancel_text(task: dict[str, Any]) -> str:
+    """Who asked to cancel the task and when, and what that has done so far."""
+    at = task["cancel_requested_at"]
+    if at is None:
+        return "-"
+    who = task["cancelled_by"] or "?"
+    if task["state"] == "in_progress":
+        return f"requested by {who} at {when(at)}: its worker is stopping it"
+    return f"by {who} at {when(at)}"
 
 
 def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
@@ -176,10 +188,11 @@ def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
             buttons.append(frame.button(f"{base}/cancel", "Cancel"))
         if state in BULK["delete"][1]:
             buttons.append(frame.button(f"{base}/delete", "Delete", danger=True))
-        if not buttons:
+        if state == "in_progress":
             buttons.append(
-                '<span class="note">A running task can be neither retried, cancelled '
-                "nor deleted; wait for it to finish.</span>"
+                '<span class="note">Cancelling a running task asks its worker to stop it; '
+                "the task ends cancelled, never done. It can be neither retried nor deleted "
+                "while it runs.</span>"
             )
         actions = f'<div id="actions">{"".join(buttons)}</div>'
     body = (

@@ -244,6 +244,11 @@ class MetricsHooks(Hooks):
                 self._inc(self._retried, key, n)
             for key, n in failed.items():
                 self._inc(self._failed, key, n)
+        elif kind == "cancelled":
+            # No counter of their own yet: they leave the in-flight count, and count as neither
+            # completed, retried nor failed.
+            for task_id in ids:
+                pop(task_id, None)
         else:
             done: dict[tuple[str, str], int] = {}
             for task_id in ids:

@@ -274,14 +274,16 @@ SELECT 'queued', s.task, s.queue, s.n, s.sampled >= %(sample)s
 -- One task, with the errors of its last attempts (`errors`, oldest first; schema/0008).
 SELECT id, queue, task, payload, priority, run_at, state::text AS state, attempts, max_attempts,
        last_error, coalesce(errors, '[]') AS errors, dedupe_key, worker_id, lease_expires_at,
-       created_at, started_at, finished_at
+       created_at, started_at, finished_at, cancel_requested_at, cancelled_by
   FROM {schema}.tasks
  WHERE id = %(id)s;
 
 -- name: retry_task
--- Put a failed or cancelled task back in the queue with fresh attempts.
+-- Put a failed or cancelled task back in the queue with fresh attempts (and no cancel request:
+-- the new run must not be stopped by the old one's).
 UPDATE {schema}.tasks
-   SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL, lease_expires_at = NULL
+   SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL, lease_expires_at = NULL,
+       cancel_requested_at = NULL, cancelled_by = NULL
  WHERE id = %(id)s AND state IN ('failed', 'cancelled')
 RETURNING id;
 
@@ -327,7 +329,7 @@ checked AS (
 moved AS (
     UPDATE {schema}.tasks AS t
        SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
-           lease_expires_at = NULL
+           lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL
      WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
     RETURNING t.id
 )
@@ -375,7 +377,7 @@ checked AS (
 moved AS (
     UPDATE {schema}.tasks AS t
        SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
-           lease_expires_at = NULL
+           lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL
      WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
     RETURNING t.id
 )
@@ -390,14 +392,6 @@ SELECT (SELECT count(*) FROM batch) AS seen,
 
 -- name: db_now
 SELECT now() AS now;
-
--- name: cancel_task
--- Only a task that has not started can be cancelled (scheduled or queued); a running one finishes
--- or fails on its own.
-UPDATE {schema}.tasks
-   SET state = 'cancelled', finished_at = now()
- WHERE id = %(id)s AND state IN ('scheduled', 'queued')
-RETURNING id;
 
 -- name: wake
 -- Rows put back in the queue by an operator: wake idle workers as an INSERT would.

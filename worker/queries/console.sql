@@ -27,23 +27,12 @@ checked AS (
 moved AS (
     UPDATE {schema}.tasks AS t
        SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
-           lease_expires_at = NULL
+           lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL
      WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
     RETURNING t.id
 )
 SELECT (SELECT count(*) FROM moved) AS requeued,
        (SELECT count(*) FROM checked WHERE taken) AS skipped;
-
--- name: cancel_tasks
--- Tasks among %(ids)s that have not started (scheduled or queued) to cancelled, as cancel_task
--- does for one; returns how many.
-WITH moved AS (
-    UPDATE {schema}.tasks AS t
-       SET state = 'cancelled', finished_at = now()
-     WHERE t.id = ANY(%(ids)s::bigint[]) AND t.state IN ('scheduled', 'queued')
-    RETURNING 1
-)
-SELECT count(*) FROM moved;
 
 -- name: delete_tasks
 -- Delete the tasks among %(ids)s that no worker is running (a running task's worker would find

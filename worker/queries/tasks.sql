@@ -168,7 +168,9 @@ SELECT q.name
 -- name: complete
 -- Mark finished tasks done in one statement per batch. Fencing: only the owner's current attempt
 -- of a row still in progress may complete it; a worker that lost its lease gets nothing back for
--- that row and learns it lost the row.
+-- that row and learns it lost the row. A row someone asked to cancel (schema/0010) ends
+-- 'cancelled', not 'done', whatever its handler returned: the request and this statement lock
+-- the row in turn, so a request that was granted is never followed by 'done'.
 -- "In progress" is spelled "lease_expires_at IS NOT NULL" in the fencing statements (the two are
 -- the same by the tasks_lease_iff_running constraint). Written as state = 'in_progress', the
 -- planner may scan the whole partial lease index, dead entries and all, instead of fetching the
@@ -180,17 +182,21 @@ SELECT q.name
 -- connections rule sequential scans out (session_index_plans), so a plan cached while the table
 -- was small cannot turn this into a scan of the table.
 UPDATE {schema}.tasks AS t
-   SET state = 'done', finished_at = now(), lease_expires_at = NULL
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       finished_at = now(), lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
  WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
    AND t.attempts = a.attempt
    AND t.worker_id = %(worker_id)s
    AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id;
+RETURNING t.id, t.state::text AS state;
 
 -- name: complete_delete
 -- The same fencing as `complete`, for installations that keep no finished rows (retention 0):
--- deleting is cheaper than writing a new row version that retention would delete later.
+-- deleting is cheaper than writing a new row version that retention would delete later. Cron rows
+-- and rows with a cancel request are left to `complete` (a cron slot must stay taken; a
+-- cancelled task stays visible as cancelled until retention removes it).
 DELETE FROM {schema}.tasks AS t
  USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
  WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
@@ -198,6 +204,7 @@ DELETE FROM {schema}.tasks AS t
    AND t.worker_id = %(worker_id)s
    AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
    AND t.cron_key IS NULL
+   AND t.cancel_requested_at IS NULL
 RETURNING t.id;
 
 -- name: retry
@@ -207,13 +214,16 @@ RETURNING t.id;
 -- %(history)s attempts, each error cut to %(history_chars)s characters, stamped with the database
 -- clock and the worker. Only this statement and the other three that record an error (hand_back,
 -- worker_died, rescue) pay for it; claim and complete do not touch the column.
+-- A row someone asked to cancel ends 'cancelled' instead: it is never retried.
 UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
-                    THEN 'failed'::{schema}.task_state
+   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                    WHEN a.permanent OR t.attempts >= t.max_attempts THEN 'failed'
                     WHEN a.delay > 0 THEN 'scheduled' ELSE 'queued' END,
-       run_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts
+       run_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
+                          OR t.attempts >= t.max_attempts
                      THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
-       finished_at = CASE WHEN a.permanent OR t.attempts >= t.max_attempts THEN now() END,
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
+                               OR t.attempts >= t.max_attempts THEN now() END,
        last_error = a.error,
        errors = jsonb_path_query_array(
            coalesce(t.errors, '[]') || jsonb_build_object(
@@ -234,16 +244,23 @@ RETURNING t.id, t.state::text AS state;
 -- name): back to 'scheduled' without counting the attempt, later each time (5 s, 10 s, 20 s, ...
 -- up to 10 minutes), with an error that says why. A worker that has the handler takes them at
 -- once when it starts (workers.sql, register). The error joins the history (see retry) marked
--- "counted": false, under the number of the attempt that was not counted.
+-- "counted": false, under the number of the attempt that was not counted. One with a cancel
+-- request ends 'cancelled'.
 UPDATE {schema}.tasks AS t
-   SET state = 'scheduled', attempts = greatest(t.attempts - 1, 0),
-       run_at = now() + make_interval(secs => least(5 * power(2, least(t.handed_back, 10)), 600)),
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'scheduled'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       attempts = greatest(t.attempts - 1, 0),
+       run_at = CASE WHEN t.cancel_requested_at IS NULL
+                     THEN now() + make_interval(
+                         secs => least(5 * power(2, least(t.handed_back, 10)), 600))
+                     ELSE t.run_at END,
        handed_back = t.handed_back + 1, last_error = left(a.error, 4000),
        errors = jsonb_path_query_array(
            coalesce(t.errors, '[]') || jsonb_build_object(
                'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
                'worker_id', t.worker_id, 'counted', false),
            '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
        started_at = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
        AS a(id, attempt, error)
@@ -251,14 +268,21 @@ UPDATE {schema}.tasks AS t
    AND t.attempts = a.attempt
    AND t.worker_id = %(worker_id)s
    AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id;
+RETURNING t.id, t.state::text AS state;
 
 -- name: release
 -- Graceful stop: hand back tasks that did not finish within the grace period. The interrupted
--- attempt is not counted, so a deploy does not use up a task's retries.
+-- attempt is not counted, so a deploy does not use up a task's retries. A row with a cancel
+-- request is not handed back: it ends 'cancelled' (its attempt counted, as it ran).
 UPDATE {schema}.tasks AS t
-   SET state = 'queued', attempts = greatest(t.attempts - 1, 0), run_at = now(),
-       started_at = NULL, lease_expires_at = NULL
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'queued'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       attempts = CASE WHEN t.cancel_requested_at IS NULL THEN greatest(t.attempts - 1, 0)
+                       ELSE t.attempts END,
+       run_at = CASE WHEN t.cancel_requested_at IS NULL THEN now() ELSE t.run_at END,
+       started_at = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.started_at END,
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
+       lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
  WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
    AND t.attempts = a.attempt
@@ -269,7 +293,9 @@ RETURNING t.id;
 -- name: heartbeat
 -- One statement per heartbeat, whatever the number of tasks in flight: renew the leases of this
 -- worker's rows at the attempts it claimed, and its own row. It returns the ids that are lost
--- (rescued, claimed again, or at another attempt): the worker must not complete them.
+-- (rescued, claimed again, or at another attempt): the worker must not complete them; and, with
+-- `cancel` true, those it renewed that someone asked to cancel (schema/0010), in case their
+-- notification did not reach the worker.
 -- SKIP LOCKED: a row locked right now is being changed by our own acknowledgement or by a
 -- transactional handler's commit (or by a rescuer, which the next heartbeat will notice); the
 -- heartbeat never waits for it, and counts it as ours while it still is, or is done by us.
@@ -289,14 +315,18 @@ WITH me AS (
     UPDATE {schema}.tasks AS t
        SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
      WHERE t.id = ANY(ARRAY(SELECT id FROM mine))
-    RETURNING t.id
+    RETURNING t.id, t.attempts, t.cancel_requested_at IS NOT NULL AS cancel
 )
-SELECT a.id, a.attempt
+SELECT a.id, a.attempt, false AS cancel
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
   LEFT JOIN {schema}.tasks AS t ON t.id = a.id
  WHERE a.id NOT IN (SELECT id FROM renewed)
    AND NOT coalesce(t.worker_id = %(worker_id)s AND t.attempts = a.attempt
-                    AND (t.lease_expires_at IS NOT NULL OR t.state = 'done'), false);
+                    AND (t.lease_expires_at IS NOT NULL OR t.state = 'done'), false)
+UNION ALL
+SELECT r.id, r.attempts, true AS cancel
+  FROM renewed AS r
+ WHERE r.cancel;
 
 -- name: session_statement_timeout
 -- The lease keeper's connection: a renewal that cannot finish in time fails instead of waiting.
@@ -321,11 +351,13 @@ SELECT set_config('enable_seqscan', 'off', false);
 -- counts, as every claimed attempt does: the supervisor cannot tell the task that crashed the
 -- process from its neighbours, and a task that kills its process must still run out of attempts.
 -- The error joins the history (see retry).
+-- A row someone asked to cancel ends 'cancelled' (schema/0010).
 UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.attempts >= t.max_attempts
-                    THEN 'failed'::{schema}.task_state ELSE 'queued' END,
+   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                    WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
        run_at = now(),
-       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL
+                               OR t.attempts >= t.max_attempts THEN now() END,
        (last_error, errors) = (
            SELECT e.error,
                   jsonb_path_query_array(
@@ -352,6 +384,7 @@ RETURNING t.id, t.queue, t.task, t.state::text AS state;
 -- died, hung or lost its connection) become claimable again, or failed when out of attempts; the
 -- attempt that died was counted when it was claimed. SKIP LOCKED keeps concurrent rescuers apart.
 -- The error joins the history (see retry).
+-- A row someone asked to cancel (schema/0010) is not put back: it ends 'cancelled'.
 WITH expired AS (
     SELECT id
       FROM {schema}.tasks
@@ -362,10 +395,11 @@ WITH expired AS (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.attempts >= t.max_attempts
-                    THEN 'failed'::{schema}.task_state ELSE 'queued' END,
+   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                    WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
        run_at = now(),
-       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN now() END,
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL
+                               OR t.attempts >= t.max_attempts THEN now() END,
        (last_error, errors) = (
            SELECT e.error,
                   jsonb_path_query_array(
