@@ -26,7 +26,8 @@ from ._migrate import migrate
 from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
 from ._registry import Context, Registry, TaskDef, registry, task
 from ._schedule import cron, load_schedules, schedule
-from ._wait import Waiter, wait, wait_async
+from ._wait import wait, wait_async
+from ._waiter import Waiter
 from ._worker import Worker, WorkerConfig
 
 __all__ = [
