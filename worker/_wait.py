@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -109,7 +109,7 @@ def wait(
     check_args(timeout, poll_interval)
     q, channel = queries(schema), done_channel(schema)
     deadline = None if timeout is None else time.monotonic() + timeout
-    with borrow(target) as conn:
+    with _borrow(target) as conn:
         _idle(conn.info.transaction_status)
         if listen:
             _run(
@@ -137,10 +137,26 @@ def wait(
                     _run(conn, listen_statement(channel, on=False))
 
 
+@contextlib.contextmanager
+def _borrow(target: Target) -> Iterator[psycopg.Connection]:
+    """As ``_conn.borrow``, but a DSN's connection prepares nothing: a wait polls one statement
+    over and over, and behind PgBouncer in transaction mode a prepared statement breaks."""
+    if isinstance(target, str):
+        with psycopg.connect(
+            target, autocommit=True, connect_timeout=10, prepare_threshold=None
+        ) as conn:
+            yield conn
+    else:
+        with borrow(target) as conn:
+            yield conn
+
+
 @contextlib.asynccontextmanager
 async def _borrow_async(target: AsyncTarget) -> AsyncIterator[psycopg.AsyncConnection]:
     if isinstance(target, str):
-        conn = await psycopg.AsyncConnection.connect(target, autocommit=True, connect_timeout=10)
+        conn = await psycopg.AsyncConnection.connect(
+            target, autocommit=True, connect_timeout=10, prepare_threshold=None
+        )
         async with conn:
             yield conn
     elif isinstance(target, AsyncConnectionPool):

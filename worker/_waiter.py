@@ -172,6 +172,7 @@ class Waiter:
                     autocommit=True,
                     connect_timeout=5,
                     application_name=self.application_name,
+                    prepare_threshold=None,  # PgBouncer in transaction mode cannot keep them
                 ) as conn:
                     if self.listen:
                         conn.execute(listen_statement(self.channel))

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _wait
 from .._errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
 from .bulk import TASK_ID
-from .common import CliError, connect, require, seconds_in
+from .common import CliError, connect_dsn, require, resolve_dsn, seconds_in
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 3
@@ -25,29 +25,32 @@ def _print(data: Any) -> None:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    with connect(args) as conn:
+    dsn = resolve_dsn(args.dsn, quiet=args.json)
+    with connect_dsn(dsn) as conn:
         require(conn, args.schema)
-        try:
-            result = _wait.wait(
-                conn,
-                args.id,
-                timeout=args.timeout,
-                schema=args.schema,
-                poll_interval=args.poll_interval,
-                listen=not args.no_listen,
-            )
-        except (TaskFailed, TaskCancelled, TaskNotFound) as exc:
-            if not args.json:
-                raise CliError(str(exc), EXIT_FAILED) from None
-            state = {TaskFailed: "failed", TaskCancelled: "cancelled"}.get(type(exc), "missing")
-            error = exc.error if isinstance(exc, TaskFailed) else str(exc)
-            _print({"id": args.id, "state": state, "error": error})
-            return EXIT_FAILED
-        except WaitTimeout as exc:
-            if not args.json:
-                raise CliError(str(exc), EXIT_TIMEOUT) from None
-            _print({"id": args.id, "state": "timeout", "error": str(exc)})
-            return EXIT_TIMEOUT
+    try:
+        # Given the DSN, the wait makes a connection that prepares no statement (a long
+        # wait reads the row again and again), which PgBouncer's transaction mode needs.
+        result = _wait.wait(
+            dsn,
+            args.id,
+            timeout=args.timeout,
+            schema=args.schema,
+            poll_interval=args.poll_interval,
+            listen=not args.no_listen,
+        )
+    except (TaskFailed, TaskCancelled, TaskNotFound) as exc:
+        if not args.json:
+            raise CliError(str(exc), EXIT_FAILED) from None
+        state = {TaskFailed: "failed", TaskCancelled: "cancelled"}.get(type(exc), "missing")
+        error = exc.error if isinstance(exc, TaskFailed) else str(exc)
+        _print({"id": args.id, "state": state, "error": error})
+        return EXIT_FAILED
+    except WaitTimeout as exc:
+        if not args.json:
+            raise CliError(str(exc), EXIT_TIMEOUT) from None
+        _print({"id": args.id, "state": "timeout", "error": str(exc)})
+        return EXIT_TIMEOUT
     _print({"id": args.id, "state": "done", "result": result} if args.json else result)
     return 0
 
