@@ -21,6 +21,8 @@ import pytest
 from conftest import run_cli, states, wait_until
 from psycopg.conninfo import conninfo_to_dict
 
+import worker
+
 PGBOUNCER = shutil.which("pgbouncer") or (
     "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
 )
@@ -122,3 +124,35 @@ def test_migrate_and_run_through_transaction_pooling(
     assert r.returncode == 0, r.stderr[-2000:]
     assert "prepared statement" not in r.stderr
     assert states(conn, schema) == {"done": 600}
+
+
+def test_results_and_waits_through_transaction_pooling(
+    bouncer_dsn: str, pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Stored results and every kind of wait work through the pooler, polling (LISTEN hears
+    nothing there): nothing prepared, nothing left behind on the server connections."""
+    ids = [worker.enqueue(bouncer_dsn, "r_async", {"n": i}, schema=schema) for i in range(30)]
+    failing = worker.enqueue(bouncer_dsn, "r_fail", {}, schema=schema)
+    r = run_cli(
+        "run",
+        "results_module",
+        "--pgbouncer",
+        "--burst",
+        "--processes",
+        "2",
+        "--dsn",
+        bouncer_dsn,
+        "--schema",
+        schema,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    with worker.Waiter(bouncer_dsn, schema=schema, listen=False, poll_interval=0.05) as waiter:
+        assert waiter.wait_many(ids, timeout=10) == [["async", i] for i in range(30)]
+        with pytest.raises(worker.TaskFailed):
+            waiter.wait(failing, timeout=10)
+    for task_id in ids[:8]:  # more reads than psycopg's prepare threshold
+        assert worker.wait(bouncer_dsn, task_id, timeout=10, schema=schema, listen=False)
+    out = run_cli("wait", str(ids[0]), "--no-listen", "--dsn", bouncer_dsn, "--schema", schema)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == '["async", 0]'

@@ -199,7 +199,16 @@ def test_promote_and_behind_plans_read_their_indexes(
 
 
 @pytest.mark.parametrize(
-    "name", ["complete", "complete_delete", "release", "heartbeat", "hand_back"]
+    "name",
+    [
+        "complete",
+        "complete_delete",
+        "complete_with_result",
+        "task_outcomes",
+        "release",
+        "heartbeat",
+        "hand_back",
+    ],
 )
 def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, name: str) -> None:
     ids = [r[0] for r in conn.execute(f"SELECT id FROM {big_table}.tasks LIMIT 100")]
@@ -207,6 +216,7 @@ def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, n
         "ids": ids,
         "attempts": [1] * len(ids),
         "errors": ["UnknownTask"] * len(ids),
+        "results": ['{"a": 1}'] * len(ids),
         "worker_id": str(uuid.uuid4()),
         "lease_seconds": 30.0,
         "history": 10,

@@ -8,12 +8,28 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
 from ._cancel import Cancellation, cancel
 from ._enqueue import enqueue, enqueue_async, enqueue_many
-from ._errors import Cancelled, ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
+from ._errors import (
+    Cancelled,
+    ConfigError,
+    DoNotRetry,
+    LostLease,
+    ResultError,
+    ResultNotSerializable,
+    ResultTooLarge,
+    SchemaMissing,
+    TaskCancelled,
+    TaskFailed,
+    TaskNotFound,
+    WaitTimeout,
+    WorkerError,
+)
 from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
 from ._migrate import migrate
 from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
 from ._registry import Context, Registry, TaskDef, registry, task
 from ._schedule import cron, load_schedules, schedule
+from ._wait import wait, wait_async
+from ._waiter import Waiter
 from ._worker import Worker, WorkerConfig
 
 __all__ = [
@@ -29,9 +45,17 @@ __all__ = [
     "Mutex",
     "PausedQueue",
     "Registry",
+    "ResultError",
+    "ResultNotSerializable",
+    "ResultTooLarge",
     "SchemaMissing",
+    "TaskCancelled",
     "TaskDef",
+    "TaskFailed",
+    "TaskNotFound",
     "TimeoutLock",
+    "WaitTimeout",
+    "Waiter",
     "Worker",
     "WorkerConfig",
     "WorkerError",
@@ -52,4 +76,6 @@ __all__ = [
     "resume_queue",
     "schedule",
     "task",
+    "wait",
+    "wait_async",
 ]

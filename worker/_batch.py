@@ -9,15 +9,16 @@ states; this module only talks to the database and reads the answers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psycopg
 
+from . import _results as results
 from . import _transitions as tr
 from ._backoff import retry_delay
 from ._job import Job
-from ._registry import DEFAULT_BACKOFF
+from ._registry import DEFAULT_BACKOFF, TaskDef
 from ._sql import Queries
 
 log = logging.getLogger("worker")
@@ -58,6 +59,8 @@ class Batcher:
         max_attempts: Mapping[str, int],
         poll_interval: float,
         channel: str,
+        done_channel: str = "",
+        stores_result: Callable[[TaskDef], bool] = lambda d: False,
     ) -> None:
         self.q = q
         self.worker_id = worker_id
@@ -69,6 +72,8 @@ class Batcher:
         self.max_attempts = dict(max_attempts)
         self.poll_interval = poll_interval
         self.channel = channel
+        self.done_channel = done_channel  # where tasks that store a result are announced
+        self.stores_result = stores_result
         # Rows that commit up to this far behind the cursor are still found by the claim (and
         # promotion, which runs when the next row is due, is seldom later than that).
         self.cursor = tr.ClaimCursor(1.0, rows=2 * batch_size)
@@ -114,8 +119,19 @@ class Batcher:
     ) -> tuple[dict[int, str], dict[int, str]]:
         """The done, failed and handed-back jobs, one statement each: ({id: "done" or
         "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
-        cancel request end "cancelled" either way."""
-        done = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.ok]
+        cancel request end "cancelled" either way. Jobs that carry a result (see _results) take
+        a statement of their own, and are announced to waiters; the others' acknowledgement is
+        ``complete`` alone."""
+        done = [
+            (j.id, j.attempt)
+            for j in jobs
+            if j.outcome and j.outcome.ok and j.outcome.result is None
+        ]
+        with_result = [
+            (j.id, j.attempt, j.outcome.result)
+            for j in jobs
+            if j.outcome and j.outcome.ok and j.outcome.result is not None
+        ]
         failures = [
             failure(j) for j in jobs if j.outcome and not j.outcome.ok and not j.outcome.handback
         ]
@@ -130,8 +146,22 @@ class Batcher:
             kept = tr.complete(
                 conn, self.q, worker_id=self.worker_id, done=done, delete=self.delete_done
             )
+        if with_result:
+            stored = results.complete_with_result(
+                conn, self.q, worker_id=self.worker_id, done=with_result
+            )
+            results.notify_done(conn, self.q, channel=self.done_channel, ids=sorted(stored))
+            kept.update(stored)
         if failures:
             states = tr.fail(conn, self.q, worker_id=self.worker_id, failures=failures)
+            # Tasks that store a result and failed for good: their waiters hear it at once.
+            ended = [
+                j.id
+                for j in jobs
+                if states.get(j.id) == "failed" and self.stores_result(j.definition)
+            ]
+            if ended:
+                results.notify_done(conn, self.q, channel=self.done_channel, ids=ended)
         if handbacks:
             back = tr.hand_back(conn, self.q, worker_id=self.worker_id, rows=handbacks)
             for task_id, state in back.items():

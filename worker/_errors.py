@@ -34,3 +34,55 @@ class Cancelled(WorkerError):
     Catching it changes nothing in the database: a task with a cancel request ends cancelled
     whatever its handler does, and is never recorded done.
     """
+
+
+class ResultError(DoNotRetry, WorkerError):
+    """A handler's return value cannot be stored (see ``store_result``). The task fails at once:
+    the same handler would return the same value on every attempt."""
+
+
+class ResultTooLarge(ResultError):
+    """The result's JSON is over the size limit (``max_result_bytes``, ``--max-result-size``)."""
+
+
+class ResultNotSerializable(ResultError):
+    """The result is not JSON a PostgreSQL ``jsonb`` column can hold."""
+
+
+class TaskFailed(WorkerError):
+    """The task a waiter waited on failed for good; ``error`` is its last error."""
+
+    def __init__(self, task_id: int, error: str | None) -> None:
+        first = (error or "").strip().splitlines()[0] if (error or "").strip() else "no error text"
+        super().__init__(f"task {task_id} failed: {first}")
+        self.task_id = task_id
+        self.error = error
+
+
+class TaskCancelled(WorkerError):
+    """The task a waiter waited on was cancelled."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id} was cancelled")
+        self.task_id = task_id
+
+
+class TaskNotFound(WorkerError, LookupError):
+    """No such task: it never existed, or its row is gone (purged, deleted on completion with
+    ``--keep-done 0``, or deleted by an operator)."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(
+            f"task {task_id} does not exist (never enqueued, or its row was deleted: purged, "
+            "completed under --keep-done 0, or deleted by an operator)"
+        )
+        self.task_id = task_id
+
+
+class WaitTimeout(WorkerError, TimeoutError):
+    """The task did not finish within the waiter's timeout (it may still finish later)."""
+
+    def __init__(self, task_id: int, timeout: float) -> None:
+        super().__init__(f"task {task_id} did not finish within {timeout:g}s")
+        self.task_id = task_id
+        self.timeout = timeout

@@ -29,13 +29,16 @@ from typing import Any
 
 from ._errors import Cancelled, DoNotRetry
 from ._job import Job, Outcome, format_error
-from ._registry import Context
+from ._registry import Context, TaskDef
+from ._results import encode_result
 
 log = logging.getLogger("worker")
 
 # Runs a transactional handler in the transaction that completes its row (see Worker).
 TransactionalRun = Callable[[Job], None]
 MakeContext = Callable[[Job], Context]
+# Whether a handler's return value is stored (see _results), decided by the worker's settings.
+StoresResult = Callable[[TaskDef], bool]
 
 
 class Executor:
@@ -52,12 +55,16 @@ class Executor:
         *,
         context: MakeContext,
         transactional: TransactionalRun,
+        stores_result: StoresResult = lambda d: False,
+        max_result_bytes: int = 64 * 1024,
     ) -> None:
         self.concurrency = concurrency
         self._events = events
         self._work: queue_mod.SimpleQueue[Job | None] = queue_mod.SimpleQueue()
         self._context = context
         self._transactional = transactional
+        self._stores_result = stores_result
+        self._max_result_bytes = max_result_bytes
         self._threads: dict[int, threading.Thread] = {}
         self._retired: set[int] = set()
         self._next = 0
@@ -164,26 +171,31 @@ class Executor:
         payload = job.payload  # decoded by the main thread at dispatch (see Worker._dispatch)
         try:
             if d.transactional:
-                self._transactional(job)
+                self._transactional(job)  # stores its own result (see Worker)
                 job.committed = True  # before the outcome is posted: it is no longer "lost"
                 outcome.acked = True
-            elif d.is_async:
-                assert loop is not None
-                coro = d.fn(payload, self._context(job)) if d.wants_context else d.fn(payload)
-                if d.timeout:
-                    coro = asyncio.wait_for(coro, d.timeout)
-                task = loop.create_task(coro)
-                job.aio = (loop, task)
-                if job.cancel_requested:  # the request came before ``aio`` was set: see cancel
-                    task.cancel()
-                try:
-                    loop.run_until_complete(task)
-                finally:
-                    job.aio = None
-            elif d.wants_context:
-                d.fn(payload, self._context(job))
             else:
-                d.fn(payload)
+                if d.is_async:
+                    assert loop is not None
+                    coro = d.fn(payload, self._context(job)) if d.wants_context else d.fn(payload)
+                    if d.timeout:
+                        coro = asyncio.wait_for(coro, d.timeout)
+                    task = loop.create_task(coro)
+                    job.aio = (loop, task)
+                    if job.cancel_requested:  # the request came before ``aio`` was set: see cancel
+                        task.cancel()
+                    try:
+                        value = loop.run_until_complete(task)
+                    finally:
+                        job.aio = None
+                elif d.wants_context:
+                    value = d.fn(payload, self._context(job))
+                else:
+                    value = d.fn(payload)
+                if self._stores_result(d):
+                    # Encoded here, off the main thread; a value that cannot be stored fails
+                    # the task at once (ResultError is a DoNotRetry).
+                    outcome.result = encode_result(value, self._max_result_bytes)
         except (DoNotRetry, Cancelled) as exc:
             outcome.ok, outcome.permanent, outcome.error = False, True, format_error(exc)
         except asyncio.CancelledError as exc:

@@ -57,6 +57,7 @@ class Outcome:
     acked: bool = False  # transactional handlers complete their row themselves
     handback: bool = False  # no handler here: the row goes back uncounted (tr.hand_back)
     runner: int = -1  # which runner thread produced it
+    result: str | None = None  # the return value as JSON, for tasks that store it (_results)
 
 
 @dataclass(slots=True)

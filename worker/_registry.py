@@ -71,6 +71,9 @@ class TaskDef:
     transactional: bool = False
     is_async: bool = False
     wants_context: bool = False
+    # Store the handler's return value with its row (see _results); None: as the worker says
+    # (WorkerConfig.store_results, off by default).
+    store_result: bool | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the decorated name calls the plain function, which keeps handlers testable."""
@@ -161,6 +164,7 @@ class Registry:
         retry_backoff: float = DEFAULT_BACKOFF,
         timeout: float | None = None,
         transactional: bool = False,
+        store_result: bool | None = None,
     ) -> Callable[[Callable[..., Any]], TaskDef]:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -188,6 +192,7 @@ class Registry:
                 transactional=transactional,
                 is_async=is_async,
                 wants_context=wants_context,
+                store_result=store_result,
             )
             existing = self._tasks.get(task_name)
             if existing is not None and getattr(existing.fn, "handler", existing.fn) is not fn:

@@ -35,6 +35,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import _cancel
+from . import _results as results
 from . import _transitions as tr
 from ._batch import Batcher, Claim, log_acknowledged
 from ._conn import OwnConnection
@@ -89,6 +90,8 @@ class Worker:
         self._max_attempts = {
             name: d.max_attempts for name in self.registry.names() if (d := self.registry.get(name))
         }
+        results.check_config(self.config, self.registry)
+        self._done_channel = results.done_channel(config.schema)
         self._stop = threading.Event()
         self._stop_now = threading.Event()
         self._events: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
@@ -103,6 +106,8 @@ class Worker:
             max_attempts=self._max_attempts,
             poll_interval=config.poll_interval,
             channel=notify_channel(config.schema),
+            done_channel=self._done_channel,
+            stores_result=self.stores_result,
         )
         self._last_claim = 0.0
         # The main thread's own connection, made again after an error (no pool backoff).
@@ -123,6 +128,8 @@ class Worker:
             self._events,
             context=self._context,
             transactional=self._run_transactional,
+            stores_result=self.stores_result,
+            max_result_bytes=config.max_result_bytes,
         )
         self.lease = LeaseKeeper(
             config.dsn,
@@ -170,6 +177,9 @@ class Worker:
         self.first_claim: float | None = None
         self.last_ack: float | None = None
         self.done_count = 0
+
+    def stores_result(self, definition: TaskDef) -> bool:
+        return results.stores(definition, self.config.store_results)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -684,8 +694,17 @@ class Worker:
         assert self.pool is not None
         c = job.claimed
         with self.pool.connection() as conn, conn.transaction():
-            job.definition.fn(job.payload, self._context(job, conn))
-            kept = tr.complete(conn, self.q, worker_id=self.id, done=[(c.id, c.attempt)])
+            value = job.definition.fn(job.payload, self._context(job, conn))
+            if self.stores_result(job.definition):
+                # A result that cannot be stored raises here (a DoNotRetry), rolling back the
+                # handler's writes with the completion.
+                text = results.encode_result(value, self.config.max_result_bytes)
+                row = [(c.id, c.attempt, text)]
+                kept = results.complete_with_result(conn, self.q, worker_id=self.id, done=row)
+                if kept:
+                    results.notify_done(conn, self.q, channel=self._done_channel, ids=kept)
+            else:
+                kept = tr.complete(conn, self.q, worker_id=self.id, done=[(c.id, c.attempt)])
             if c.id not in kept:
                 raise LostLease(
                     f"task {c.id} was rescued while its handler ran; its writes are rolled back"

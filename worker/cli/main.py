@@ -13,7 +13,7 @@ import psycopg
 
 from .._errors import ConfigError
 from ..dev.bench import add_arguments as add_bench_arguments
-from . import bulk, cron, doctor, locks, pause
+from . import bulk, cron, doctor, locks, pause, wait
 from .bulk import TASK_ID
 from .commands import (
     cmd_bench,
@@ -132,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to keep done rows (0: delete on completion; default 3600)",
     )
     p.add_argument(
+        "--store-results",
+        action="store_true",
+        help="store every handler's return value with its row (a handler's own store_result "
+        "wins); needs --keep-done above 0",
+    )
+    p.add_argument(
+        "--max-result-size",
+        type=int_in(1, 256 * 1024 * 1024),
+        default=64 * 1024,
+        metavar="BYTES",
+        help="largest result stored, as JSON; a larger one fails its task (default 65536)",
+    )
+    p.add_argument(
         "--keep-failed",
         type=seconds,
         default=7 * 86400.0,
@@ -231,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     locks.add_cli(sub, common)
     pause.add_cli(sub, common)
     doctor.add_cli(sub, common)
+    wait.add_cli(sub, common)
     return parser
 
 

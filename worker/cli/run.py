@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from .._registry import DEFAULT_QUEUE, registry
+from .._results import check_config as check_results_config
 from .._supervisor import (
     DSN_OPTIONS,
     LIVENESS_ENV,
@@ -53,6 +54,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             f"module {args.module!r} registered no tasks (decorate handlers with @worker.task)", 2
         )
+    # Before any process starts: a supervisor's children would only fail the same way, again.
+    check_results_config(
+        WorkerConfig(
+            dsn="",
+            keep_done_seconds=args.keep_done,
+            store_results=args.store_results,
+            max_result_bytes=args.max_result_size,
+        ),
+        registry,
+    )
     if not args.child:
         _warn_unknown_queues(args)
     dsn = resolve_dsn(args.dsn)
@@ -99,6 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         listen_dsn=args.listen_dsn,
         keep_done_seconds=args.keep_done,
         keep_failed_seconds=args.keep_failed,
+        store_results=args.store_results,
+        max_result_bytes=args.max_result_size,
         burst=args.burst,
     )
     if args.child:
