@@ -7,7 +7,14 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 
 from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
 from ._enqueue import enqueue, enqueue_async, enqueue_many
-from ._errors import ConfigError, DoNotRetry, LostLease, SchemaMissing, WorkerError
+from ._errors import (
+    ConfigError,
+    DoNotRetry,
+    LostLease,
+    PayloadError,
+    SchemaMissing,
+    WorkerError,
+)
 from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
 from ._migrate import migrate
 from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
@@ -25,6 +32,7 @@ __all__ = [
     "LostLease",
     "Mutex",
     "PausedQueue",
+    "PayloadError",
     "Registry",
     "SchemaMissing",
     "TaskDef",

@@ -25,3 +25,8 @@ class DoNotRetry(Exception):
 
 class LostLease(WorkerError):
     """The worker no longer owns a task: its lease expired and the row was rescued."""
+
+
+class PayloadError(WorkerError, ValueError):
+    """A payload does not fit its task's model (``@task(payload=Model)``): raised by ``enqueue``
+    at the call site; a worker fails such a row at once, without retrying it."""

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._payload import check_model
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -47,6 +49,7 @@ class TaskDef:
     transactional: bool = False
     is_async: bool = False
     wants_context: bool = False
+    payload: type | None = None  # a dataclass or pydantic model: see _payload
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the decorated name calls the plain function, which keeps handlers testable."""
@@ -137,7 +140,10 @@ class Registry:
         retry_backoff: float = DEFAULT_BACKOFF,
         timeout: float | None = None,
         transactional: bool = False,
+        payload: type | None = None,
     ) -> Callable[[Callable[..., Any]], TaskDef]:
+        if payload is not None:
+            check_model(payload)
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if retry_backoff < 0:
@@ -164,6 +170,7 @@ class Registry:
                 transactional=transactional,
                 is_async=is_async,
                 wants_context=wants_context,
+                payload=payload,
             )
             existing = self._tasks.get(task_name)
             if existing is not None and getattr(existing.fn, "handler", existing.fn) is not fn:
