@@ -119,8 +119,13 @@ def _value(hint: Any, value: Any, path: str) -> Any:
         return _dataclass(hint, value, f"{path}.")
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
+        arms = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None and len(arms) < len(typing.get_args(hint)):
+            return None
+        if len(arms) == 1:  # Optional[X]: X's own message, with its own field path
+            return _value(arms[0], value, path)
         problems = []
-        for arm in typing.get_args(hint):
+        for arm in arms:
             try:
                 return _value(arm, value, path)
             except _Invalid as exc:
