@@ -6,6 +6,7 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 """
 
 from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
+from ._background import BackgroundWorker
 from ._enqueue import enqueue, enqueue_async, enqueue_many
 from ._errors import (
     ConfigError,
@@ -24,6 +25,7 @@ from ._worker import Worker, WorkerConfig
 
 __all__ = [
     "AdvisoryLock",
+    "BackgroundWorker",
     "ConfigError",
     "Context",
     "DoNotRetry",
