@@ -6,6 +6,7 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 """
 
 from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
+from ._background import BackgroundWorker
 from ._cancel import Cancellation, cancel
 from ._enqueue import enqueue, enqueue_async, enqueue_many
 from ._errors import (
@@ -13,6 +14,7 @@ from ._errors import (
     ConfigError,
     DoNotRetry,
     LostLease,
+    PayloadError,
     ResultError,
     ResultNotSerializable,
     ResultTooLarge,
@@ -34,6 +36,7 @@ from ._worker import Worker, WorkerConfig
 
 __all__ = [
     "AdvisoryLock",
+    "BackgroundWorker",
     "Cancellation",
     "Cancelled",
     "ConfigError",
@@ -44,6 +47,7 @@ __all__ = [
     "LostLease",
     "Mutex",
     "PausedQueue",
+    "PayloadError",
     "Registry",
     "ResultError",
     "ResultNotSerializable",

@@ -13,11 +13,22 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from ._conn import Target, borrow
+from ._payload import to_json
 from ._registry import TaskDef, registry
 from ._sql import queries
 
 
-def _check_payload(payload: Any) -> Any:
+def _resolve(task: str | TaskDef) -> tuple[str, TaskDef | None]:
+    """A task named, or given as its decorated function: (name, its definition if known here)."""
+    if isinstance(task, TaskDef):
+        return task.name, task
+    return task, registry.get(task)
+
+
+def _check_payload(task: str, definition: TaskDef | None, payload: Any) -> Any:
+    """The payload as the row stores it: validated and serialised when the task has a model
+    (see _payload), then checked to be JSON."""
+    payload = to_json(task, payload, None if definition is None else definition.payload)
     try:
         json.dumps(payload)
     except (TypeError, ValueError) as exc:
@@ -42,7 +53,7 @@ def _when(
     return run_at, None
 
 
-def _default_queue(name: str) -> str | None:
+def _default_queue(definition: TaskDef | None) -> str | None:
     """A task registered in this process goes to its handler's queue unless told otherwise; for
     any other task the database picks the queue its workers declared (schema/0006).
 
@@ -50,7 +61,6 @@ def _default_queue(name: str) -> str | None:
     applies its handler's setting (schema/0003), so a deploy that changes a handler's
     max_attempts also applies to the tasks already queued.
     """
-    definition: TaskDef | None = registry.get(name)
     return None if definition is None else definition.queue
 
 
@@ -61,7 +71,7 @@ def _check_max_attempts(max_attempts: int | None) -> int | None:
 
 
 def _enqueue_params(
-    task: str,
+    task: str | TaskDef,
     payload: Any,
     queue: str | None,
     run_at: datetime | None,
@@ -71,10 +81,11 @@ def _enqueue_params(
     dedupe_key: str | None,
 ) -> dict[str, Any]:
     when, seconds = _when(run_at, delay)
+    name, definition = _resolve(task)
     return {
-        "task": task,
-        "payload": Jsonb(_check_payload({} if payload is None else payload)),
-        "queue": queue or _default_queue(task),
+        "task": name,
+        "payload": Jsonb(_check_payload(name, definition, {} if payload is None else payload)),
+        "queue": queue or _default_queue(definition),
         "run_at": when,
         "delay": seconds,
         "priority": priority,
@@ -85,7 +96,7 @@ def _enqueue_params(
 
 def enqueue(
     target: Target,
-    task: str,
+    task: str | TaskDef,
     payload: Any = None,
     *,
     queue: str | None = None,
@@ -108,7 +119,7 @@ def enqueue(
 
 async def enqueue_async(
     target: psycopg.AsyncConnection | AsyncConnectionPool,
-    task: str,
+    task: str | TaskDef,
     payload: Any = None,
     *,
     queue: str | None = None,
@@ -136,7 +147,7 @@ async def enqueue_async(
 
 def enqueue_many(
     target: Target,
-    task: str,
+    task: str | TaskDef,
     payloads: Iterable[Any],
     *,
     queue: str | None = None,
@@ -153,7 +164,8 @@ def enqueue_many(
     """
     when, seconds = _when(run_at, delay)
     q = queries(schema)
-    row_tail: tuple[Any, ...] = (queue or _default_queue(task), priority)
+    name, definition = _resolve(task)
+    row_tail: tuple[Any, ...] = (queue or _default_queue(definition), priority)
     row_tail += (_check_max_attempts(max_attempts),)
     # One transaction: the delay counts from the same now() as the rows' created_at.
     with borrow(target) as conn, conn.transaction(), conn.cursor() as cur:
@@ -166,14 +178,23 @@ def enqueue_many(
         # Without run_at the column's default applies: the database's now(), not this clock.
         statement = q["enqueue_copy"] if when is None else q["enqueue_copy_at"]
         with cur.copy(statement) as copy:
-            count = _copy_rows(copy, task, payloads, row_tail)
+            count = _copy_rows(copy, name, definition, payloads, row_tail)
     return count
 
 
-def _copy_rows(copy: Any, task: str, payloads: Iterable[Any], tail: tuple[Any, ...]) -> int:
+def _copy_rows(
+    copy: Any,
+    task: str,
+    definition: TaskDef | None,
+    payloads: Iterable[Any],
+    tail: tuple[Any, ...],
+) -> int:
     count = 0
     dumps = json.dumps
+    model = None if definition is None else definition.payload
     for payload in payloads:
+        if model is not None or type(payload) is not dict:
+            payload = to_json(task, payload, model)
         try:
             text = dumps({} if payload is None else payload)
         except (TypeError, ValueError) as exc:

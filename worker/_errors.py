@@ -86,3 +86,8 @@ class WaitTimeout(WorkerError, TimeoutError):
         super().__init__(f"task {task_id} did not finish within {timeout:g}s")
         self.task_id = task_id
         self.timeout = timeout
+
+
+class PayloadError(WorkerError, ValueError):
+    """A payload does not fit its task's model (``@task(payload=Model)``): raised by ``enqueue``
+    at the call site; a worker fails such a row at once, without retrying it."""

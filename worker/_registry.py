@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import Cancelled
+from ._payload import check_model
 
 if TYPE_CHECKING:
     import psycopg
@@ -74,6 +75,7 @@ class TaskDef:
     # Store the handler's return value with its row (see _results); None: as the worker says
     # (WorkerConfig.store_results, off by default).
     store_result: bool | None = None
+    payload: type | None = None  # a dataclass or pydantic model: see _payload
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the decorated name calls the plain function, which keeps handlers testable."""
@@ -165,7 +167,10 @@ class Registry:
         timeout: float | None = None,
         transactional: bool = False,
         store_result: bool | None = None,
+        payload: type | None = None,
     ) -> Callable[[Callable[..., Any]], TaskDef]:
+        if payload is not None:
+            check_model(payload)
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if retry_backoff < 0:
@@ -193,6 +198,7 @@ class Registry:
                 is_async=is_async,
                 wants_context=wants_context,
                 store_result=store_result,
+                payload=payload,
             )
             existing = self._tasks.get(task_name)
             if existing is not None and getattr(existing.fn, "handler", existing.fn) is not fn:

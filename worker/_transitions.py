@@ -122,6 +122,11 @@ def promote(conn: psycopg.Connection, q: Queries, *, limit: int, channel: str) -
     return Promoted(int(row[0]), None if row[2] is None else float(row[2]))
 
 
+def make_due(conn: psycopg.Connection, q: Queries, *, until: datetime) -> int:
+    """scheduled -> queued for rows due by ``until`` (worker.testing's clock). Returns how many."""
+    return len(conn.execute(q["make_due"], {"until": until}).fetchall())
+
+
 def claim(
     conn: psycopg.Connection,
     q: Queries,

@@ -40,7 +40,7 @@ from . import _transitions as tr
 from ._batch import Batcher, Claim, log_acknowledged
 from ._conn import OwnConnection
 from ._cron import make_ticker
-from ._errors import Cancelled, LostLease
+from ._errors import Cancelled, LostLease, PayloadError
 from ._executor import Executor, cancel
 from ._hooks import Hooks
 from ._job import Job, JobTable, Outcome, State, clean_text, decode_payload, display, format_error
@@ -48,6 +48,7 @@ from ._lease import LeaseKeeper
 from ._listener import Listener
 from ._maintenance import Maintenance, MaintenanceConfig
 from ._migrate import require_schema
+from ._payload import from_json
 from ._registry import DEFAULT_QUEUE, Context, Registry, TaskDef, registry
 from ._settings import WorkerConfig
 from ._sql import cancel_channel, notify_channel, queries
@@ -586,6 +587,14 @@ class Worker:
                 # Here rather than on the runner: a batch decoded in one go costs the runners
                 # no extra turns at the GIL.
                 job.payload = decode_payload(c.payload)
+                if definition.payload is not None:
+                    job.payload = from_json(c.task, definition.payload, job.payload)
+            except PayloadError as exc:
+                # It does not fit the task's model, and never will: fail it now, for good.
+                error = clean_text(f"PayloadError: {exc}; not retried")
+                job.state = State.RUNNING
+                self._record(Outcome(job.token, ok=False, error=error, permanent=True))
+                continue
             except Exception as exc:
                 error = clean_text(
                     f"PayloadError: the payload cannot be decoded ({type(exc).__name__}: "

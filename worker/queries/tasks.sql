@@ -55,6 +55,15 @@ SELECT coalesce(names.n, 0) AS promoted,
            AS next_due_in
   FROM names;
 
+-- name: make_due
+-- worker.testing only (no worker runs it): a test that asks to run tasks "as of" a later time
+-- makes the scheduled rows due by then (%(until)s) queued, as promote would once that time came.
+-- Their run_at becomes now(), since the claim takes only rows with run_at <= now().
+UPDATE {schema}.tasks
+   SET state = 'queued', run_at = now()
+ WHERE state = 'scheduled' AND run_at <= %(until)s
+RETURNING id;
+
 -- name: claim
 -- Take up to `limit` rows of the given queues, in that order of queues, and make them ours in one
 -- statement, whatever the number of queues. SKIP LOCKED lets concurrent workers take different

@@ -1,0 +1,290 @@
+"""Helpers for testing handlers and enqueue paths: no worker process, no waiting.
+
+``run_due(conn)`` runs the tasks that are due, one after the other, in the calling thread and on
+the caller's connection, inside whatever transaction it has open: a test that enqueues, runs and
+then rolls back leaves nothing behind. Rows move through the queue's own statements
+(``_transitions``: claim, complete, retry), so states, attempts, backoff and errors are the ones
+a worker would write. ``enqueued`` and ``assert_enqueued`` read what was enqueued.
+
+Time stands still inside a transaction (``now()`` is its start), so a retried task, whose next
+attempt is scheduled after a backoff, is not due again within the same ``run_due``; neither is a
+delayed task. ``run_due(conn, now=...)`` runs "as of" a later time: rows scheduled up to then
+are made due first, on every round, so retries run again until their attempts are used up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from . import _transitions as tr
+from ._backoff import retry_delay
+from ._batch import PROMOTE_LIMIT
+from ._errors import DoNotRetry, PayloadError
+from ._job import decode_payload, format_error
+from ._payload import from_json, to_json
+from ._registry import Context, Registry, TaskDef, registry
+from ._sql import Queries, notify_channel, queries
+
+# The lease written on rows run_due claims; nothing renews or checks it while they run.
+_LEASE_SECONDS = 3600.0
+_BATCH = 100
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One attempt run_due made: the row's state afterwards (done, scheduled or queued for a
+    retry, failed), and the error when it did not succeed."""
+
+    id: int
+    task: str
+    attempt: int
+    ok: bool
+    state: str
+    error: str | None = None
+    handed_back: bool = False  # no handler for it in the registry: not run, attempt not counted
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    runs: list[TaskRun]
+
+    @property
+    def ran(self) -> int:
+        """Handler calls (handed-back rows were not run)."""
+        return sum(1 for r in self.runs if not r.handed_back)
+
+    @property
+    def succeeded(self) -> list[TaskRun]:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def failed(self) -> list[TaskRun]:
+        return [r for r in self.runs if not r.ok and not r.handed_back]
+
+    @property
+    def handed_back(self) -> list[TaskRun]:
+        return [r for r in self.runs if r.handed_back]
+
+    def check(self) -> RunSummary:
+        """Raise AssertionError naming every failed attempt and unknown task; else self."""
+        bad = [*self.failed, *self.handed_back]
+        if bad:
+            lines = [
+                f"  #{r.id} {r.task} attempt {r.attempt} -> {r.state}: {_first(r)}" for r in bad
+            ]
+            raise AssertionError(
+                f"{len(bad)} of {len(self.runs)} task run(s) failed:\n" + "\n".join(lines)
+            )
+        return self
+
+
+def run_due(
+    conn: psycopg.Connection,
+    tasks: Registry | None = None,
+    *,
+    schema: str = "worker",
+    queues: list[str] | None = None,
+    limit: int = 1000,
+    now: datetime | timedelta | None = None,
+) -> RunSummary:
+    """Run every due task (of ``queues``, default all) with the handlers of ``tasks`` (default
+    the global registry), until none is due or ``limit`` attempts were made; tasks the handlers
+    enqueue on ``conn`` run too. ``now``: run as if the database's clock read this (a datetime,
+    or a timedelta from now), which makes delayed tasks and pending retries due.
+
+    Sync handlers run in this thread, ``async def`` ones on an event loop of this call (so do not
+    call it from a running loop), transactional ones inside a savepoint of ``conn``'s
+    transaction with ``ctx.conn = conn``. Handler timeouts are enforced for async handlers only.
+    """
+    q = queries(schema)
+    tasks = tasks if tasks is not None else registry
+    until = _until(conn, q, now)
+    worker_id = str(uuid.uuid4())
+    limits = {name: d.max_attempts for name in tasks.names() if (d := tasks.get(name))}
+    runs: list[TaskRun] = []
+    with asyncio.Runner() as loop:  # its event loop is made on first use only
+        while len(runs) < limit:
+            if until is not None:
+                tr.make_due(conn, q, until=until)
+            tr.promote(conn, q, limit=PROMOTE_LIMIT, channel=notify_channel(schema))
+            names = queues or [r[0] for r in conn.execute(q["testing_due_queues"]).fetchall()]
+            if not names:
+                break
+            rows = tr.claim(
+                conn,
+                q,
+                queues=names,
+                limit=min(_BATCH, limit - len(runs)),
+                worker_id=worker_id,
+                lease_seconds=_LEASE_SECONDS,
+                max_attempts=limits,
+            )
+            if not rows:
+                break
+            for c in rows:
+                runs.append(_run_one(conn, q, tasks, c, worker_id, loop))
+    return RunSummary(runs)
+
+
+def _until(conn: psycopg.Connection, q: Queries, now: datetime | timedelta | None) -> Any:
+    if isinstance(now, timedelta):
+        row = conn.execute(q["delayed_until"], {"delay": now.total_seconds()}).fetchone()
+        assert row is not None
+        return row[0]
+    if now is not None and now.tzinfo is None:
+        raise ValueError("now must be timezone-aware (naive datetimes are ambiguous)")
+    return now
+
+
+def _run_one(
+    conn: psycopg.Connection,
+    q: Queries,
+    tasks: Registry,
+    c: tr.Claimed,
+    worker_id: str,
+    loop: asyncio.Runner,
+) -> TaskRun:
+    d = tasks.get(c.task)
+    if d is None:
+        # As a worker would: back to scheduled, attempt not counted (see tr.hand_back).
+        error = (
+            f"UnknownTask: no handler named {c.task!r} in the registry run_due was given "
+            f"(known: {', '.join(tasks.names()) or 'none'})"
+        )
+        tr.hand_back(conn, q, worker_id=worker_id, rows=[(c.id, c.attempt, error)])
+        return TaskRun(c.id, c.task, c.attempt, False, "scheduled", error, handed_back=True)
+    ctx = Context(c.id, c.task, c.queue, c.attempt, c.max_attempts, worker_id)
+    permanent = False
+    try:
+        payload = decode_payload(c.payload)
+        if d.payload is not None:
+            payload = from_json(c.task, d.payload, payload)
+    except PayloadError as exc:
+        error, permanent = f"PayloadError: {exc}; not retried", True
+    except Exception as exc:
+        error, permanent = f"PayloadError: the payload cannot be decoded ({exc})", True
+    else:
+        try:
+            if d.transactional:
+                with conn.transaction():  # a savepoint: the handler's writes go with the row
+                    d.fn(payload, replace(ctx, conn=conn))
+                    tr.complete(conn, q, worker_id=worker_id, done=[(c.id, c.attempt)])
+                return TaskRun(c.id, c.task, c.attempt, True, "done")
+            _call(d, payload, ctx, loop)
+        except DoNotRetry as exc:
+            error, permanent = format_error(exc), True
+        except Exception as exc:
+            error = format_error(exc)
+        else:
+            tr.complete(conn, q, worker_id=worker_id, done=[(c.id, c.attempt)])
+            return TaskRun(c.id, c.task, c.attempt, True, "done")
+    delay = retry_delay(c.attempt, d.retry_backoff)
+    failure = tr.Failure(c.id, c.attempt, delay, error, permanent)
+    state = tr.fail(conn, q, worker_id=worker_id, failures=[failure]).get(c.id, "lost")
+    return TaskRun(c.id, c.task, c.attempt, False, state, error)
+
+
+def _call(d: TaskDef, payload: Any, ctx: Context, loop: asyncio.Runner) -> None:
+    if d.is_async:
+        coro = d.fn(payload, ctx) if d.wants_context else d.fn(payload)
+        loop.run(asyncio.wait_for(coro, d.timeout) if d.timeout else coro)
+    elif d.wants_context:
+        d.fn(payload, ctx)
+    else:
+        d.fn(payload)
+
+
+# -- what was enqueued -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """A task row as a test sees it (payload as stored: plain JSON)."""
+
+    id: int
+    task: str
+    payload: Any
+    queue: str
+    priority: int
+    run_at: datetime
+    state: str
+    attempts: int
+    max_attempts: int | None
+    last_error: str | None
+
+
+def enqueued(
+    conn: psycopg.Connection,
+    task: str | TaskDef | None = None,
+    *,
+    queue: str | None = None,
+    schema: str = "worker",
+) -> list[Enqueued]:
+    """The task rows visible to ``conn`` (its own uncommitted ones included), oldest first,
+    whatever their state; of one task and one queue when given."""
+    name = task.name if isinstance(task, TaskDef) else task
+    rows = conn.execute(queries(schema)["testing_enqueued"], {"task": name, "queue": queue})
+    return [Enqueued(*row) for row in rows.fetchall()]
+
+
+_ANY: Any = object()
+
+
+def assert_enqueued(
+    conn: psycopg.Connection,
+    task: str | TaskDef,
+    payload: Any = _ANY,
+    *,
+    queue: str | None = None,
+    count: int | None = None,
+    schema: str = "worker",
+) -> list[Enqueued]:
+    """The rows of ``task`` (with this payload, in this queue, when given); fails unless there is
+    at least one, or exactly ``count``, listing what was enqueued instead. ``payload`` compares
+    with the stored JSON; a model instance or dict of a typed task is serialised first."""
+    name = task.name if isinstance(task, TaskDef) else task
+    want = _ANY
+    if payload is not _ANY:
+        d = registry.get(name) if isinstance(task, str) else task
+        want = json.loads(json.dumps(to_json(name, payload, d.payload if d else None)))
+    everything = enqueued(conn, schema=schema)
+    found = [
+        r
+        for r in everything
+        if r.task == name
+        and (queue is None or r.queue == queue)
+        and (want is _ANY or r.payload == want)
+    ]
+    if (count is None and found) or len(found) == count:
+        return found
+    what = f"{name!r}" + ("" if want is _ANY else f" with payload {json.dumps(want)}")
+    what += "" if queue is None else f" in queue {queue!r}"
+    expected = "at least 1" if count is None else str(count)
+    lines = [_describe(r) for r in everything[:20]]
+    if len(everything) > 20:
+        lines.append(f"  ... and {len(everything) - 20} more")
+    raise AssertionError(
+        f"expected {expected} task(s) {what}, found {len(found)}; enqueued "
+        + (f"({len(everything)}):\n" + "\n".join(lines) if everything else ": nothing")
+    )
+
+
+def _describe(r: Enqueued) -> str:
+    return (
+        f"  #{r.id} {r.task} queue={r.queue} state={r.state} priority={r.priority} "
+        f"payload={json.dumps(r.payload)[:300]}"
+    )
+
+
+def _first(r: TaskRun) -> str:
+    return (r.error or "").splitlines()[0] if r.error else ""
+
+
+__all__ = ["Enqueued", "RunSummary", "TaskRun", "assert_enqueued", "enqueued", "run_due"]
