@@ -571,7 +571,8 @@ def test_a_notification_without_ids_makes_the_worker_read_the_marks(
             time.sleep(0.02)
 
     task_id = worker.enqueue(conn, "loop", {}, schema=schema)
-    with thread_worker(reg, lease_seconds=30) as tw:
+    # A long lease puts the heartbeats 100 s apart, so none reads the mark in the 1.5 s below.
+    with thread_worker(reg, lease_seconds=300) as tw:
         assert running.wait(10)
         wait_until(lambda: tw.worker.listener.connected, timeout=10)
         conn.execute(

@@ -103,6 +103,9 @@ def test_repeated_graceful_stops_of_a_busy_pool_lose_and_rerun_nothing(
             break
     with pool(pg_dsn, schema, *flags) as proc:
         wait_until(lambda: done(conn, schema) == n, timeout=120)
+        # The cycles may have finished every task: then wait for this pool to be up, so that the
+        # SIGTERM stops a running pool (as in the cycles) and not a process still importing.
+        wait_until(lambda: len(live_workers(conn, schema)) >= 2, timeout=60)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     assert states(conn, schema) == {"done": n}

@@ -114,7 +114,7 @@ def _add_filters(p: argparse.ArgumentParser, action: str, *, queue: bool = True)
         "--by",
         dest="actor",
         type=text_up_to(200),
-        default=os.environ.get("WORKER_ACTOR"),
+        default=os.environ.get("WORKER_ACTOR") or None,  # an empty variable is no actor
         help="who to record as running the action (default: $WORKER_ACTOR, else user@host; "
         "for one task cancelled by id: the database role)",
     )
