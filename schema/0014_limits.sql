@@ -155,7 +155,11 @@ CREATE FUNCTION {schema}.claim_limited(
     priority integer, run_at timestamptz, created_at timestamptz, claimed_at timestamptz,
     xid text, wait_seconds double precision
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- The statements below are planned once per session: planning them on each call (with the
+-- parameters' values) took longer than running them.
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_variable
 DECLARE
     q       text := claim_queue;
@@ -167,6 +171,8 @@ DECLARE
     wait    double precision;
     keyed   boolean;
     chosen  bigint[];
+    -- How far into a queue with per-key limits a claim looks for rows without a key.
+    keyless_window constant integer := 256;
 BEGIN
     -- Serialise with the other claims of this queue (workers take their queues' locks in name
     -- order: no deadlock). No row: the queue is no longer limited; nothing from it this time.
@@ -268,13 +274,15 @@ BEGIN
                          LIMIT room) AS f) AS c
                  WHERE roomy.n > 0 AND c.nth <= roomy.n
                 UNION ALL
+                -- Rows without a key: among the first rows of the queue in claim order only
+                -- (keyless_window), so that a keyed backlog is never walked in full.
                 SELECT u.id, u.neg_priority, u.run_at FROM (
-                    SELECT t.id, -t.priority AS neg_priority, t.run_at
+                    SELECT t.id, -t.priority AS neg_priority, t.run_at, t.limit_key
                       FROM {schema}.tasks AS t
                      WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= now()
-                       AND t.limit_key IS NULL
                      ORDER BY (-t.priority), t.run_at, t.id
-                     LIMIT room) AS u
+                     LIMIT keyless_window) AS u
+                 WHERE u.limit_key IS NULL
             )
             SELECT c.id FROM candidates AS c ORDER BY c.neg_priority, c.run_at, c.id LIMIT room);
         -- Lock what was chosen (others' claims of this queue wait on our lock; what is locked
@@ -323,5 +331,35 @@ BEGIN
             q, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
             NULL::text, greatest(wait, 0.001);
     END IF;
+END;
+$$;
+
+-- enqueue (schema/0006) with a key for per-key limits. The key is written in the same
+-- transaction as the row, so no claim ever sees the row without it. A row that dedupe_key
+-- matched keeps its own key. SQL producers may also write tasks.limit_key in a plain INSERT.
+CREATE FUNCTION {schema}.enqueue_keyed(
+    task         text,
+    payload      jsonb       DEFAULT '{}',
+    queue        text        DEFAULT NULL,
+    run_at       timestamptz DEFAULT now(),
+    priority     integer     DEFAULT 0,
+    max_attempts integer     DEFAULT NULL,
+    dedupe_key   text        DEFAULT NULL,
+    limit_key    text        DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    new_id bigint;
+BEGIN
+    new_id := {schema}.enqueue(task => task, payload => payload, queue => queue,
+                               run_at => run_at, priority => priority,
+                               max_attempts => max_attempts, dedupe_key => dedupe_key);
+    IF limit_key IS NOT NULL THEN
+        UPDATE {schema}.tasks AS t SET limit_key = enqueue_keyed.limit_key
+         WHERE t.id = new_id AND t.limit_key IS NULL AND t.state IN ('queued', 'scheduled')
+           AND t.attempts = 0;
+    END IF;
+    RETURN new_id;
 END;
 $$;

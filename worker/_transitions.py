@@ -168,6 +168,43 @@ def claim(
     return claimed
 
 
+@dataclass(slots=True)
+class LimitedClaim:
+    rows: list[Claimed]
+    wait: float | None  # a rate limit held work back: seconds until the next start is allowed
+
+
+def claim_limited(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    queue: str,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    max_attempts: Mapping[str, int] | None = None,
+) -> LimitedClaim:
+    """queued -> in_progress for what ``queue``'s limits allow of up to ``limit`` due rows
+    (schema/0014: claims of a limited queue take turns on its limit row, so they cannot together
+    exceed a limit), in claim order."""
+    limits = max_attempts or {}
+    rows = conn.execute(
+        q["claim_limited"],
+        {
+            "queue": queue,
+            "limit": limit,
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+            "handler_tasks": list(limits),
+            "handler_max_attempts": list(limits.values()),
+        },
+    ).fetchall()
+    claimed = [Claimed(*row[:11]) for row in rows if row[0] is not None]
+    waits = [float(row[11]) for row in rows if row[0] is None and row[11] is not None]
+    claimed.sort(key=lambda c: (-c.priority, c.run_at, c.id))
+    return LimitedClaim(claimed, min(waits) if waits else None)
+
+
 def due_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:
     """Of ``queues``, those holding a row ready to claim (a read; it changes nothing)."""
     return [r[0] for r in conn.execute(q["due_queues"], {"queues": list(queues)}).fetchall()]

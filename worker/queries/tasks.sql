@@ -11,6 +11,15 @@ SELECT {schema}.enqueue(
     priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s
 ) AS id;
 
+-- name: enqueue_keyed
+-- The same, for a task with a key for per-key limits (schema/0014): written with the row.
+SELECT {schema}.enqueue_keyed(
+    task => %(task)s, payload => %(payload)s, queue => %(queue)s,
+    run_at => coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s,
+    limit_key => %(limit_key)s
+) AS id;
+
 -- name: enqueue_copy
 -- Bulk enqueue: COPY skips per-row parsing and planning; the statement trigger sends one NOTIFY.
 -- run_at is left to its default, the database's now(). A NULL queue is routed (schema/0006).
@@ -19,6 +28,13 @@ COPY {schema}.tasks (task, payload, queue, priority, max_attempts) FROM STDIN;
 -- name: enqueue_copy_at
 -- The same, for rows that run at a given time (a delay was added to delayed_until first).
 COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at) FROM STDIN;
+
+-- name: enqueue_copy_keyed
+-- Bulk enqueue of a task that declares a key for per-key limits (schema/0014).
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, limit_key) FROM STDIN;
+
+-- name: enqueue_copy_at_keyed
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, limit_key) FROM STDIN;
 
 -- name: delayed_until
 -- A delay counts from the database's clock, not the producer's.

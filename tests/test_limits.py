@@ -1,0 +1,268 @@
+"""Flow control (schema/0014): fleet-wide concurrency and rate limits, with real worker processes.
+
+Each run of a handler writes its start and end to a side table by the database clock
+(tests/limits_module.py); the limits are checked on those times, across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator
+
+import psutil
+import psycopg
+from conftest import spawn_cli, wait_until
+from test_pool import kill_tree
+
+
+def _tables(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute(
+        f"CREATE TABLE {schema}.runs (id bigint GENERATED ALWAYS AS IDENTITY, task_id bigint,"
+        " attempt int, queue text, k text, pid int, started timestamptz, finished timestamptz)"
+    )
+
+
+@contextlib.contextmanager
+def fleet(
+    dsn: str, schema: str, *extra: str, processes: int = 4, lease: float = 10.0
+) -> Iterator[object]:
+    """`worker run limits_module` with ``processes`` worker processes; killed afterwards."""
+    args = [
+        "run", "limits_module", "--dsn", dsn, "--schema", schema, "--processes", str(processes),
+        "--lease", str(lease), "--poll-interval", "0.2", "--log-level", "WARNING", *extra,
+    ]  # fmt: skip
+    proc = spawn_cli(*args, env={"WORKER_DSN": dsn, "WORKER_SCHEMA": schema})
+    try:
+        yield proc
+    finally:
+        kill_tree(proc)
+
+
+def _max_overlap(conn: psycopg.Connection, schema: str, by: str) -> dict[str, int]:
+    """The most runs that overlapped in time, per ``by`` (a column of runs), by the database
+    clock. An end and a start at the same instant do not overlap."""
+    rows = conn.execute(
+        f"""WITH ev AS (
+                SELECT {by} AS g, started AS t, 1 AS d FROM {schema}.runs
+                UNION ALL
+                SELECT {by}, finished, -1 FROM {schema}.runs)
+            SELECT g, max(n)::int FROM (
+                SELECT g, sum(d) OVER (PARTITION BY g ORDER BY t, d
+                                       ROWS UNBOUNDED PRECEDING) AS n FROM ev) AS s
+             GROUP BY g"""
+    ).fetchall()
+    return {g: n for g, n in rows}
+
+
+def _done(conn: psycopg.Connection, schema: str, queue: str) -> int:
+    row = conn.execute(
+        f"SELECT count(*) FROM {schema}.tasks WHERE queue = %s AND state = 'done'", (queue,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_concurrency_limits_hold_across_processes_and_are_reached(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Four worker processes, tasks over 50 keys, per-key limit 2 and queue limit 8 (as
+    limits_module declares): at no instant do more than 2 runs of one key, or 8 of the queue,
+    overlap; and both limits are reached (the fleet is not simply serialised). Each key's tasks
+    are enqueued together, so in claim order the first 8 rows are of one key: the key limit binds
+    at every claim. Tasks are written by a plain SQL INSERT that sets the key column.
+    (600 tasks rather than the issue's 2,000, to stay within the suite's time budget: 12 per
+    key still makes each key wait at its limit.)"""
+    _tables(conn, schema)
+    n = 600
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
+        " SELECT 'flow.run', 'flow', jsonb_build_object('k', 'k' || (i - 1) / 12, 'sleep', 0.02),"
+        "        'k' || (i - 1) / 12"
+        "   FROM generate_series(1, %s) AS i",
+        (n,),
+    )
+    with fleet(pg_dsn, schema, "--concurrency", "4"):
+        wait_until(lambda: _done(conn, schema, "flow") == n, timeout=45, interval=0.2)
+    per_key = _max_overlap(conn, schema, "k")
+    per_queue = _max_overlap(conn, schema, "queue")
+    assert len(per_key) == 50
+    assert max(per_key.values()) == 2, per_key
+    assert sum(1 for v in per_key.values() if v == 2) >= 25, per_key  # reached by most keys
+    assert per_queue == {"flow": 8}
+    pids = conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.runs").fetchone()
+    assert pids is not None and pids[0] >= 2  # several processes shared the limits
+
+
+def test_rate_limit_holds_over_every_window_across_processes(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A rate limit of 50 starts per second (limits_module) across four processes: no window of
+    one second, wherever it starts, holds more than 50 starts (the queue's record of each start,
+    tasks.started_at, by the database clock), and the fleet keeps up: at least 90% of the limit.
+    (350 tasks, 7 s of work at the limit, rather than the issue's 10 s: the suite's budget.)"""
+    _tables(conn, schema)
+    n, seconds = 350, 6
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 'rated.run', 'rated'"
+        " FROM generate_series(1, %s)",
+        (n,),
+    )
+    with fleet(pg_dsn, schema, "--concurrency", "20"):
+        wait_until(lambda: _done(conn, schema, "rated") == n, timeout=40, interval=0.2)
+    row = conn.execute(
+        f"""SELECT max(w.n),
+                   (SELECT count(*) FROM {schema}.tasks
+                     WHERE started_at < (SELECT min(started_at) FROM {schema}.tasks)
+                                        + make_interval(secs => %s))
+              FROM {schema}.tasks AS t
+             CROSS JOIN LATERAL (
+                SELECT count(*) AS n FROM {schema}.tasks AS o
+                 WHERE o.started_at >= t.started_at
+                   AND o.started_at < t.started_at + interval '1 second') AS w""",
+        (seconds,),
+    ).fetchone()
+    assert row is not None
+    busiest, early = int(row[0]), int(row[1])
+    assert busiest <= 50
+    assert busiest >= 45  # the limit was reached
+    # Throughput over the first `seconds` seconds from the first start (the work left then is
+    # less than a window's worth): at least 90% of the limit.
+    assert early >= 0.9 * 50 * seconds, early
+    pids = conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.runs").fetchone()
+    assert pids is not None and pids[0] >= 2
+
+
+def _holders(conn: psycopg.Connection, schema: str, queue: str) -> dict[int, int]:
+    """pid -> running rows of ``queue`` claimed under its limit, leases not expired."""
+    rows = conn.execute(
+        f"SELECT w.pid, count(*) FROM {schema}.tasks AS t JOIN {schema}.workers AS w"
+        " ON w.id = t.worker_id WHERE t.queue = %s AND t.state = 'in_progress'"
+        " AND t.limit_held AND t.lease_expires_at >= now() GROUP BY w.pid",
+        (queue,),
+    ).fetchall()
+    return {pid: n for pid, n in rows}
+
+
+def test_slots_of_a_killed_worker_return_within_about_one_and_a_half_leases(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Two worker processes share a concurrency limit of 4 (set by an operator in SQL) on long
+    tasks; the one holding the slots is SIGKILLed with its supervisor (so nothing hands its
+    tasks back). The other process runs 4 tasks again within 1.5 leases of the kill, measured by
+    the database clock, and never more than 4 ran at once."""
+    _tables(conn, schema)
+    lease = 2.0
+    conn.execute(f"SELECT {schema}.set_queue_limit('open', concurrency => 4)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload) SELECT 'open.run', 'open',"
+        " '{\"sleep\": 60}' FROM generate_series(1, 12)"
+    )
+    with (
+        fleet(pg_dsn, schema, "--concurrency", "4", processes=1, lease=lease) as first,
+        fleet(pg_dsn, schema, "--concurrency", "4", processes=1, lease=lease) as second,
+    ):
+        holders = wait_until(lambda: _holders(conn, schema, "open"), timeout=30)
+        time.sleep(0.5)  # the other process's claims come back empty meanwhile
+        holders = _holders(conn, schema, "open")
+        assert sum(holders.values()) == 4 and len(holders) == 1, holders
+        (victim,) = holders
+        doomed = next(
+            p for p in (first, second)
+            if victim in {p.pid, *(k.pid for k in psutil.Process(p.pid).children(recursive=True))}
+        )  # fmt: skip
+        # The supervisor first (kill_tree), so that it cannot hand the tasks back: only the
+        # lease frees the slots.
+        kill_tree(doomed)  # type: ignore[arg-type]
+        assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == "zombie"
+        killed_at = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert killed_at is not None
+        back = wait_until(
+            lambda: (
+                {p: n for p, n in _holders(conn, schema, "open").items() if p != victim}
+                if sum(n for p, n in _holders(conn, schema, "open").items() if p != victim) == 4
+                else None
+            ),
+            timeout=4 * lease,
+        )
+        assert len(back) == 1
+        row = conn.execute(
+            f"SELECT extract(epoch FROM max(started_at) - %s) FROM {schema}.tasks"
+            " WHERE state = 'in_progress' AND queue = 'open'",
+            killed_at,
+        ).fetchone()
+        assert row is not None
+        assert 0 < float(row[0]) <= 1.5 * lease
+    # The killed process's runs ended with it; the survivor's are still running.
+    conn.execute(
+        f"UPDATE {schema}.runs SET finished = CASE WHEN pid = %s THEN %s ELSE now() END"
+        " WHERE finished IS NULL",
+        (victim, killed_at[0]),
+    )
+    assert _max_overlap(conn, schema, "queue") == {"open": 4}
+
+
+def _latencies(conn: psycopg.Connection, schema: str, tag: str, n: int) -> list[float]:
+    """Enqueue ``n`` tasks of fresh keys one by one (50 ms apart), each tagged; once all ran,
+    the seconds from each one's insert to its start (database clock)."""
+    for i in range(n):
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
+            " VALUES ('flow.run', 'flow', jsonb_build_object('k', %s::text), %s)",
+            (f"{tag}{i}", f"{tag}{i}"),
+        )
+        time.sleep(0.05)
+    wait_until(
+        lambda: (
+            conn.execute(
+                f"SELECT count(*) FROM {schema}.runs WHERE k LIKE %s", (tag + "%",)
+            ).fetchone()
+            == (n,)
+        ),
+        timeout=20,
+    )
+    rows = conn.execute(
+        f"SELECT extract(epoch FROM r.started - t.created_at) FROM {schema}.runs AS r"
+        f" JOIN {schema}.tasks AS t ON t.id = r.task_id WHERE r.k LIKE %s",
+        (tag + "%",),
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def test_a_key_at_its_limit_with_a_deep_backlog_does_not_delay_other_keys(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """The latency of tasks of other keys (insert to start) with one key at its limit and
+    5,000 of its tasks queued ahead of them in claim order stays within twice their latency
+    without that backlog (medians of 20; latencies under 20 ms count as 20 ms, below what this
+    test can tell apart on a shared machine). A claim that read the queue in order and stopped at
+    the first rows would start none of them until the backlog drained (minutes)."""
+    _tables(conn, schema)
+    with fleet(pg_dsn, schema, "--concurrency", "4", processes=2):
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL"
+                ).fetchone()
+                == (2,)
+            )
+        )
+        before = statistics.median(_latencies(conn, schema, "calm", 20))
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
+            " SELECT 'flow.run', 'flow', '{\"k\": \"hot\", \"sleep\": 30}', 'hot'"
+            " FROM generate_series(1, 5000)"
+        )
+        wait_until(
+            lambda: (
+                conn.execute(f"SELECT count(*) FROM {schema}.runs WHERE k = 'hot'").fetchone()
+                == (2,)
+            )
+        )
+        during = statistics.median(_latencies(conn, schema, "busy", 20))
+        hot = conn.execute(
+            f"SELECT count(*) FROM {schema}.tasks WHERE limit_key = 'hot' AND state = 'in_progress'"
+        ).fetchone()
+    assert hot == (2,)  # the hot key stayed at its limit throughout
+    assert max(during, 0.02) <= 2 * max(before, 0.02), (before, during)
