@@ -7,13 +7,14 @@ Each run of a handler writes its start and end to a side table by the database c
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 from collections.abc import Iterator
 
 import psutil
 import psycopg
-from conftest import spawn_cli, wait_until
+from conftest import run_cli, spawn_cli, wait_until
 from test_pool import kill_tree
 
 
@@ -40,18 +41,26 @@ def fleet(
         kill_tree(proc)
 
 
-def _max_overlap(conn: psycopg.Connection, schema: str, by: str) -> dict[str, int]:
+def _max_overlap(
+    conn: psycopg.Connection, schema: str, by: str, since: object = None, until: object = None
+) -> dict[str, int]:
     """The most runs that overlapped in time, per ``by`` (a column of runs), by the database
-    clock. An end and a start at the same instant do not overlap."""
+    clock; only runs started within [since, until) when given. An end and a start at the same
+    instant do not overlap."""
+    where = (
+        "WHERE started >= coalesce(%(since)s::timestamptz, '-infinity')"
+        " AND started < coalesce(%(until)s::timestamptz, 'infinity')"
+    )
     rows = conn.execute(
-        f"""WITH ev AS (
-                SELECT {by} AS g, started AS t, 1 AS d FROM {schema}.runs
+        f"""WITH r AS (SELECT * FROM {schema}.runs {where}), ev AS (
+                SELECT {by} AS g, started AS t, 1 AS d FROM r
                 UNION ALL
-                SELECT {by}, finished, -1 FROM {schema}.runs)
+                SELECT {by}, finished, -1 FROM r)
             SELECT g, max(n)::int FROM (
                 SELECT g, sum(d) OVER (PARTITION BY g ORDER BY t, d
                                        ROWS UNBOUNDED PRECEDING) AS n FROM ev) AS s
-             GROUP BY g"""
+             GROUP BY g""",
+        {"since": since, "until": until},
     ).fetchall()
     return {g: n for g, n in rows}
 
@@ -266,3 +275,53 @@ def test_a_key_at_its_limit_with_a_deep_backlog_does_not_delay_other_keys(
         ).fetchone()
     assert hot == (2,)  # the hot key stayed at its limit throughout
     assert max(during, 0.02) <= 2 * max(before, 0.02), (before, during)
+
+
+def _now(dsn: str) -> object:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _cli(dsn: str, schema: str, *args: str) -> tuple[object, object]:
+    """Run `worker ARGS` (an operator's command): the database clock before and after it."""
+    before = _now(dsn)
+    done = run_cli(*args, "--dsn", dsn, "--schema", schema)
+    assert done.returncode == 0, done.stderr
+    return before, _now(dsn)
+
+
+def test_operators_change_limits_at_run_time_and_code_leaves_their_setting_alone(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Two worker processes of 4 slots each run a steady stream of short tasks on a queue that
+    has no limits. An operator limits it to 2 (`worker limits set`), raises it to 5, then clears
+    it: a second after each command, at most that many run at once and that many are reached
+    (8, the fleet's slots, once cleared). Meanwhile the code's declaration of queue "flow" did
+    not replace the operator's setting made before the workers started, while queue "rated",
+    which no operator set, holds what the code declares."""
+    _tables(conn, schema)
+    conn.execute(f"SELECT {schema}.set_queue_limit('flow', concurrency => 3, updated_by => 'ops')")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload) SELECT 'open.run', 'open',"
+        " '{\"sleep\": 0.3}' FROM generate_series(1, 600)"
+    )
+    with fleet(pg_dsn, schema, "--concurrency", "4", processes=2):
+        wait_until(lambda: _max_overlap(conn, schema, "queue").get("open") == 8, timeout=20)
+        marks = [_cli(pg_dsn, schema, "limits", "set", "open", "--concurrency", "2")]
+        time.sleep(2.5)
+        marks.append(_cli(pg_dsn, schema, "limits", "set", "open", "--concurrency", "5"))
+        time.sleep(2.5)
+        marks.append(_cli(pg_dsn, schema, "limits", "clear", "open"))
+        time.sleep(2.5)
+        marks.append((None, None))
+        rows = conn.execute(
+            f"SELECT queue, concurrency, rate, source FROM {schema}.queue_limits ORDER BY 1"
+        ).fetchall()
+    assert rows == [("flow", 3, None, "operator"), ("rated", None, 50, "code")]
+    # Each setting holds from a second after its command returned until the next one began.
+    for ((_, start), (end, _)), limit in zip(itertools.pairwise(marks), (2, 5, 8), strict=True):
+        since = conn.execute("SELECT %s::timestamptz + interval '1 second'", (start,)).fetchone()
+        assert since is not None
+        assert _max_overlap(conn, schema, "queue", since[0], end) == {"open": limit}, limit

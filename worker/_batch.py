@@ -39,6 +39,8 @@ class Claim:
 
 # Beyond this many queues, the poll asks which queues hold work before claiming (polls_all).
 MANY_QUEUES = 8
+# Seconds between two readings of which queues have limits (see Batcher.claim).
+LIMITS_REFRESH = 0.5
 # Rows promoted per statement; more wait for the next claim, which comes at once (see claim).
 PROMOTE_LIMIT = 1000
 
@@ -91,6 +93,7 @@ class Batcher:
         self._held: set[str] = set()  # limited queues a concurrency limit held back
         self._waiting: set[str] = set()  # limited queues a rate limit held back
         self._limit_at = math.inf  # monotonic time when the rate limits allow the next start
+        self._limits_at = 0.0  # monotonic time to read again which queues are limited
 
     # -- what wakes a claim --------------------------------------------------------------------
 
@@ -216,6 +219,12 @@ class Batcher:
             self._promote_at = now + wait
             if promoted.count:
                 self._hot.update(self.queues)
+        if now >= self._limits_at:
+            # Which of our queues have limits: once a second, so that an operator's change
+            # holds fleet-wide within a second (one probe of a small table per second, not per
+            # claim; the claim of an unlimited queue never reads the limit tables).
+            self.set_limited(limited_queues(conn, self.q, self.queues))
+            self._limits_at = now + LIMITS_REFRESH
         if now >= self._limit_at:
             self._hot.update(self._waiting)
             self._waiting.clear()
@@ -324,6 +333,11 @@ class Batcher:
             self.cursor.reset(name)
             if name in self._served:
                 self._hot.add(name)
+
+
+def limited_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:
+    """Of ``queues``, those with limits (schema/0014)."""
+    return [r[0] for r in conn.execute(q["limited_queues"], {"queues": list(queues)}).fetchall()]
 
 
 def failure(job: Job) -> tr.Failure:

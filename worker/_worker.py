@@ -214,10 +214,9 @@ class Worker:
             conn = self._conn.get()
             if cfg.check_schema:
                 require_schema(conn, cfg.schema)
-            # Flow control (schema/0014): record the limits our code declares, and learn which
-            # of our queues are limited (the maintenance thread keeps this up to date).
+            # Flow control (schema/0014): record the limits our code declares (the claims learn
+            # which queues are limited, see Batcher.claim).
             flow.declare(conn, cfg.schema, self.registry.limits, by=f"worker {self.id[:8]}")
-            self.batcher.set_limited(sorted(flow.limited_queues(conn, cfg.schema, self.queues)))
             conn.execute(
                 self.q["register"],
                 {
@@ -381,8 +380,7 @@ class Worker:
                 self.batcher.mark(item[1])
             elif item[0] == "behind":
                 self.batcher.reset(item[1])
-            elif item[0] == "limited":
-                self.batcher.set_limited(item[1])
+
             elif item[0] == "started":
                 self.table.started(*item[1:])
             elif item[0] == "lost":
@@ -620,9 +618,7 @@ class Worker:
         names = tr.behind(conn, self.q, self.batcher.cursor)
         if names:
             self._events.put(("behind", names))
-        limited = sorted(flow.limited_queues(conn, self.config.schema, self.queues))
-        if limited != sorted(self.batcher.limited):
-            self._events.put(("limited", limited))
+
         if not self.batcher.polls_all:
             due = tr.due_queues(conn, self.q, self.queues)
             if due:
