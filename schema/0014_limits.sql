@@ -61,12 +61,14 @@ CREATE TABLE {schema}.queue_limits (
 );
 
 -- The starts of rate-limited queues, by the database clock: a rate-limited claim counts the
--- starts inside the window that ends at its own start. Rows older than the longest window are
--- deleted by the claims themselves.
+-- starts inside the window that ends at its own start. One row per claim and key: the `n` rows
+-- that claim started at `started_at`. Rows older than the longest window are deleted by the
+-- claims themselves.
 CREATE TABLE {schema}.limit_starts (
     queue      text NOT NULL,
     limit_key  text,
-    started_at timestamptz NOT NULL
+    started_at timestamptz NOT NULL,
+    n          integer NOT NULL DEFAULT 1
 );
 CREATE INDEX limit_starts_queue_idx ON {schema}.limit_starts (queue, started_at);
 CREATE INDEX limit_starts_key_idx ON {schema}.limit_starts (queue, limit_key, started_at)
@@ -195,10 +197,11 @@ BEGIN
          WHERE s.queue = q
            AND s.started_at <= t0 - make_interval(
                secs => greatest(lim.rate_seconds, coalesce(lim.key_rate_seconds, 0)));
-        SELECT count(*), min(s.started_at) INTO used, oldest FROM {schema}.limit_starts AS s
+        SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO used, oldest
+          FROM {schema}.limit_starts AS s
          WHERE s.queue = q AND s.started_at > t0 - make_interval(secs => lim.rate_seconds);
         IF used >= lim.rate THEN
-            -- The next start is allowed when the oldest start in the window leaves it.
+            -- The next start is allowed when the oldest starts in the window leave it.
             wait := extract(epoch FROM oldest + make_interval(secs => lim.rate_seconds) - t0);
         END IF;
         room := least(room, lim.rate - used);
@@ -246,7 +249,7 @@ BEGIN
                    AND lim.key_concurrency IS NOT NULL
                  GROUP BY t.limit_key
             ), started AS (
-                SELECT s.limit_key AS k, count(*)::integer AS n FROM {schema}.limit_starts AS s
+                SELECT s.limit_key AS k, sum(s.n)::integer AS n FROM {schema}.limit_starts AS s
                  WHERE s.queue = q AND s.limit_key IS NOT NULL
                    AND s.started_at > t0 - make_interval(secs => lim.key_rate_seconds)
                    AND lim.key_rate IS NOT NULL
@@ -303,8 +306,9 @@ BEGIN
     END IF;
 
     IF lim.rate IS NOT NULL OR lim.key_rate IS NOT NULL THEN
-        INSERT INTO {schema}.limit_starts (queue, limit_key, started_at)
-        SELECT q, t.limit_key, t0 FROM {schema}.tasks AS t WHERE t.id = ANY(chosen);
+        INSERT INTO {schema}.limit_starts (queue, limit_key, started_at, n)
+        SELECT q, t.limit_key, t0, count(*) FROM {schema}.tasks AS t WHERE t.id = ANY(chosen)
+         GROUP BY t.limit_key;
     END IF;
 
     RETURN QUERY

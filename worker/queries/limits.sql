@@ -38,7 +38,7 @@ SELECT l.queue, l.concurrency, l.key_concurrency, l.rate, l.rate_seconds, l.key_
            AND t.lease_expires_at >= now()) AS running,
        (SELECT count(*) FROM {schema}.tasks AS t
          WHERE t.queue = l.queue AND t.state = 'queued' AND t.run_at <= now()) AS waiting,
-       (SELECT count(*) FROM {schema}.limit_starts AS s
+       (SELECT coalesce(sum(s.n), 0) FROM {schema}.limit_starts AS s
          WHERE s.queue = l.queue
            AND s.started_at > now() - make_interval(secs => coalesce(l.rate_seconds, 0)))
            AS recent_starts,
