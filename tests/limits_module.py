@@ -1,8 +1,9 @@
 """Handlers for the flow-control tests (tests/ is on the PYTHONPATH of `worker run` processes).
 
-Every run writes its start and its end to the schema's `runs` table by the database clock
-(clock_timestamp(), two statements of the handler's own connection), so a test can compute how
-many runs overlapped, per queue and per key, and when each started. The tests create the table.
+Every run (but those of rated.run) writes its start and its end to the schema's `runs` table by
+the database clock (clock_timestamp(), two statements of the handler's own connection), so a
+test can compute how many runs overlapped, per queue and per key, and when each started. The
+tests create the table.
 
 Limits declared here (what a worker records when it starts, unless an operator set them):
 - queue "flow": at most 8 running fleet-wide, at most 2 per key (the payload's "k").
@@ -56,8 +57,9 @@ def flow_run(payload: dict[str, Any], ctx: worker.Context) -> None:
 
 
 @worker.task("rated.run", queue="rated")
-def rated_run(payload: dict[str, Any], ctx: worker.Context) -> None:
-    _run(payload, ctx)
+def rated_run(payload: dict[str, Any]) -> None:
+    """No side table (the rate test reads tasks.started_at): a rate test runs many slots, and a
+    connection per slot would be hundreds of connections."""
 
 
 @worker.task("open.run", queue="open")

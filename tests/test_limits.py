@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 
@@ -22,6 +23,21 @@ def _tables(conn: psycopg.Connection, schema: str) -> None:
     conn.execute(
         f"CREATE TABLE {schema}.runs (id bigint GENERATED ALWAYS AS IDENTITY, task_id bigint,"
         " attempt int, queue text, k text, pid int, started timestamptz, finished timestamptz)"
+    )
+
+
+def _slow_claims(conn: psycopg.Connection, schema: str, seconds: float) -> None:
+    """A slow server, made slower where it hurts: each row a claim takes costs ``seconds`` more,
+    inside the claiming transaction. Claims that counted and committed without taking turns
+    would overlap for that long and together exceed the limits."""
+    conn.execute(
+        f"""CREATE FUNCTION {schema}.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep({float(seconds)}); RETURN NEW; END $$"""
+    )
+    conn.execute(
+        f"CREATE TRIGGER slow_claim BEFORE UPDATE ON {schema}.tasks FOR EACH ROW"
+        " WHEN (OLD.state = 'queued' AND NEW.state = 'in_progress')"
+        f" EXECUTE FUNCTION {schema}.slow_claim()"
     )
 
 
@@ -80,7 +96,8 @@ def test_concurrency_limits_hold_across_processes_and_are_reached(
     limits_module declares): at no instant do more than 2 runs of one key, or 8 of the queue,
     overlap; and both limits are reached (the fleet is not simply serialised). Each key's tasks
     are enqueued together, so in claim order the first 8 rows are of one key: the key limit binds
-    at every claim. Tasks are written by a plain SQL INSERT that sets the key column.
+    at every claim. Tasks are written by a plain SQL INSERT that sets the key column. Each
+    claimed row takes 5 ms more inside the claim (_slow_claims), so claims overlap.
     (600 tasks rather than the issue's 2,000, to stay within the suite's time budget: 12 per
     key still makes each key wait at its limit.)"""
     _tables(conn, schema)
@@ -92,7 +109,9 @@ def test_concurrency_limits_hold_across_processes_and_are_reached(
         "   FROM generate_series(1, %s) AS i",
         (n,),
     )
-    with fleet(pg_dsn, schema, "--concurrency", "4"):
+    _slow_claims(conn, schema, 0.005)
+    # 8 slots per process: any one claim could take all the queue's room.
+    with fleet(pg_dsn, schema, "--concurrency", "8"):
         wait_until(lambda: _done(conn, schema, "flow") == n, timeout=45, interval=0.2)
     per_key = _max_overlap(conn, schema, "k")
     per_queue = _max_overlap(conn, schema, "queue")
@@ -110,6 +129,7 @@ def test_rate_limit_holds_over_every_window_across_processes(
     """A rate limit of 50 starts per second (limits_module) across four processes: no window of
     one second, wherever it starts, holds more than 50 starts (the queue's record of each start,
     tasks.started_at, by the database clock), and the fleet keeps up: at least 90% of the limit.
+    Each claimed row takes 2 ms more inside the claim (_slow_claims), so claims overlap.
     (350 tasks, 7 s of work at the limit, rather than the issue's 10 s: the suite's budget.)"""
     _tables(conn, schema)
     n, seconds = 350, 6
@@ -118,7 +138,10 @@ def test_rate_limit_holds_over_every_window_across_processes(
         " FROM generate_series(1, %s)",
         (n,),
     )
-    with fleet(pg_dsn, schema, "--concurrency", "20"):
+    _slow_claims(conn, schema, 0.002)
+    # 50 slots per process: any one claim could take a whole window's starts (the handler
+    # opens no connection).
+    with fleet(pg_dsn, schema, "--concurrency", "50"):
         wait_until(lambda: _done(conn, schema, "rated") == n, timeout=40, interval=0.2)
     row = conn.execute(
         f"""SELECT max(w.n),
@@ -139,8 +162,8 @@ def test_rate_limit_holds_over_every_window_across_processes(
     # Throughput over the first `seconds` seconds from the first start (the work left then is
     # less than a window's worth): at least 90% of the limit.
     assert early >= 0.9 * 50 * seconds, early
-    pids = conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.runs").fetchone()
-    assert pids is not None and pids[0] >= 2
+    workers = conn.execute(f"SELECT count(DISTINCT worker_id) FROM {schema}.tasks").fetchone()
+    assert workers is not None and workers[0] >= 2
 
 
 def _holders(conn: psycopg.Connection, schema: str, queue: str) -> dict[int, int]:
@@ -325,3 +348,39 @@ def test_operators_change_limits_at_run_time_and_code_leaves_their_setting_alone
         since = conn.execute("SELECT %s::timestamptz + interval '1 second'", (start,)).fetchone()
         assert since is not None
         assert _max_overlap(conn, schema, "queue", since[0], end) == {"open": limit}, limit
+
+
+def test_a_claim_waits_for_the_claim_in_flight_and_counts_its_rows(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Two claims of one limited queue (concurrency 8) at the same moment, on two connections:
+    the first has taken 8 rows and not committed; meanwhile 8 more rows arrive at the front of
+    the queue (higher priority), which the second claim's snapshot sees and the first's did not.
+    The second claim must wait for the first and then count its 8: it gets nothing. (Without
+    that, it would take the 8 new rows: 16 running.)"""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 8)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 8)"
+    )
+    claim = (
+        f"SELECT count(id) FROM {schema}.claim_limited("
+        "'q', gen_random_uuid(), 8, 30, '{}', '{}')"
+    )
+    got: list[int] = []
+    with psycopg.connect(pg_dsn) as first, psycopg.connect(pg_dsn, autocommit=True) as second:
+        assert first.execute(claim).fetchone() == (8,)  # uncommitted
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, priority)"
+            " SELECT 't', 'q', 10 FROM generate_series(1, 8)"
+        )
+        thread = threading.Thread(target=lambda: got.append(second.execute(claim).fetchone()[0]))
+        thread.start()
+        time.sleep(0.5)
+        assert got == []  # waiting for the first claim's transaction
+        first.commit()
+        thread.join(10)
+    assert got == [0]
+    running = conn.execute(
+        f"SELECT count(*) FROM {schema}.tasks WHERE state = 'in_progress'"
+    ).fetchone()
+    assert running == (8,)
