@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import re
 import statistics
 import threading
 import time
@@ -16,7 +18,11 @@ from collections.abc import Iterator
 import psutil
 import psycopg
 from conftest import run_cli, spawn_cli, wait_until
+from test_metrics import fetch, scrape
 from test_pool import kill_tree
+
+import worker
+from worker.monitor.server import serve
 
 
 def _tables(conn: psycopg.Connection, schema: str) -> None:
@@ -384,3 +390,42 @@ def test_a_claim_waits_for_the_claim_in_flight_and_counts_its_rows(
         f"SELECT count(*) FROM {schema}.tasks WHERE state = 'in_progress'"
     ).fetchone()
     assert running == (8,)
+
+
+def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """An operator limits queue "q" to 2 running and 10 starts per second (Python API); of its 3
+    tasks, 2 are claimed under the limit. `worker status` (text and JSON), `worker limits`, the
+    status page and /metrics all show the limits, 2 running and 1 waiting."""
+    assert worker.set_queue_limits(pg_dsn, "q", concurrency=2, rate="10/s", schema=schema)
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 3)"
+    )
+    got = conn.execute(
+        f"SELECT count(id) FROM {schema}.claim_limited('q', gen_random_uuid(), 3, 30, '{{}}',"
+        " '{}')"
+    ).fetchone()
+    assert got == (2,)
+    text = run_cli("status", "--dsn", pg_dsn, "--schema", schema)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^q +2 +- +10/s +- +2 +1 +python$", text.stdout, re.M), text.stdout
+    as_json = run_cli("limits", "--json", "--dsn", pg_dsn, "--schema", schema)
+    (entry,) = json.loads(as_json.stdout)["limits"]
+    assert entry["concurrency"] == 2 and entry["rate"] == {"starts": 10, "seconds": 1.0}
+    assert (entry["running"], entry["waiting"], entry["recent_starts"]) == (2, 1, 2)
+    server = serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0)
+    try:
+        status, body = fetch(server.url)
+        assert status == 200
+        row = re.search(r'<tr data-limited="q">(.*?)</tr>', body)
+        assert row is not None
+        assert '<td data-col="running">2</td><td data-col="waiting">1</td>' in row[1]
+        assert "<td>10/s</td>" in row[1]
+        samples = scrape(server.url + "metrics")
+    finally:
+        server.stop()
+    assert samples[("worker_queue_limit", (("kind", "concurrency"), ("queue", "q")))] == 2
+    assert samples[("worker_queue_limit", (("kind", "rate"), ("queue", "q")))] == 10
+    assert samples[("worker_queue_limited_running", (("queue", "q"),))] == 2
+    assert samples[("worker_queue_limited_waiting", (("queue", "q"),))] == 1

@@ -27,6 +27,7 @@ MAX_QUEUE_CHARS = 255
 MAX_KEY_CHARS = 255  # as the tasks_limit_key_length constraint (schema/0014)
 MAX_BY_CHARS = 200
 MAX_LISTED = 10_000
+COUNT_CAP = 10_000  # running and waiting counts stop here (see the `limits` query)
 MAX_PERIOD = 31_622_400.0  # a year (and a day): as the table's constraint
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
           "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}  # fmt: skip
@@ -156,9 +157,10 @@ def clear_limits(conn: psycopg.Connection, schema: str, queue: str) -> bool:
 
 
 def list_limits(
-    conn: psycopg.Connection, schema: str, *, limit: int = MAX_LISTED
+    conn: psycopg.Connection, schema: str, *, limit: int = MAX_LISTED, cap: int = COUNT_CAP
 ) -> list[QueueLimits]:
-    rows = execute(conn, queries(schema)["limits"], {"limit": limit})
+    """The limited queues by name with what they hold now; counts stop at ``cap``."""
+    rows = execute(conn, queries(schema)["limits"], {"limit": limit, "cap": cap})
     found = []
     for r in rows:
         rate = None if r[3] is None else (r[3], r[4])

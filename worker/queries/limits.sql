@@ -29,22 +29,29 @@ SELECT {schema}.clear_queue_limit(queue => %(queue)s) AS changed;
 
 -- name: limits
 -- Every limited queue with what it holds now: `running` (rows claimed under the limit and still
--- running), `waiting` (queued and due: held back by the limit when running is at it), and the
--- starts inside the rate window. At most %(limit)s queues, by name.
+-- running, leases not expired), `waiting` (queued and due), the starts inside the queue's rate
+-- window and the keys among the running. Counts stop at %(cap)s (a bounded read of the indexes
+-- whatever the backlog). At most %(limit)s queues, by name.
 SELECT l.queue, l.concurrency, l.key_concurrency, l.rate, l.rate_seconds, l.key_rate,
        l.key_rate_seconds, l.source, l.updated_by, l.updated_at,
-       (SELECT count(*) FROM {schema}.tasks AS t
-         WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
-           AND t.lease_expires_at >= now()) AS running,
-       (SELECT count(*) FROM {schema}.tasks AS t
-         WHERE t.queue = l.queue AND t.state = 'queued' AND t.run_at <= now()) AS waiting,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {schema}.tasks AS t
+            WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
+              AND t.lease_expires_at >= now()
+            LIMIT %(cap)s) AS r) AS running,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {schema}.tasks AS t
+            WHERE t.queue = l.queue AND t.state = 'queued' AND t.run_at <= now()
+            LIMIT %(cap)s) AS w) AS waiting,
        (SELECT coalesce(sum(s.n), 0) FROM {schema}.limit_starts AS s
          WHERE s.queue = l.queue
            AND s.started_at > now() - make_interval(secs => coalesce(l.rate_seconds, 0)))
            AS recent_starts,
-       (SELECT count(DISTINCT t.limit_key) FROM {schema}.tasks AS t
-         WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
-           AND t.limit_key IS NOT NULL AND t.lease_expires_at >= now()) AS running_keys
+       (SELECT count(DISTINCT r.limit_key) FROM (
+           SELECT t.limit_key FROM {schema}.tasks AS t
+            WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
+              AND t.limit_key IS NOT NULL AND t.lease_expires_at >= now()
+            LIMIT %(cap)s) AS r) AS running_keys
   FROM {schema}.queue_limits AS l
  ORDER BY l.queue
  LIMIT %(limit)s;
