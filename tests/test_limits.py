@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import psutil
 import psycopg
+import pytest
 from conftest import run_cli, spawn_cli, wait_until
 from test_metrics import fetch, scrape
 from test_pool import kill_tree
@@ -429,3 +430,49 @@ def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
     assert samples[("worker_queue_limit", (("kind", "rate"), ("queue", "q")))] == 10
     assert samples[("worker_queue_limited_running", (("queue", "q"),))] == 2
     assert samples[("worker_queue_limited_waiting", (("queue", "q"),))] == 1
+
+
+def test_python_producers_write_the_key_the_task_declares(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """enqueue, enqueue_many and enqueue with an explicit key: the row carries the key the task
+    declares (a payload field, or a function of the payload), or the producer's own; a task
+    without a declaration gets none. Bad declarations and keys are refused."""
+    reg = worker.Registry()
+    by_field = reg.task("by.field", queue="flow", limit_key="customer")(lambda p: None)
+    by_fn = reg.task("by.fn", queue="flow", limit_key=lambda p: f"c-{p['customer']}")(
+        lambda p: None
+    )
+    plain = reg.task("plain", queue="flow")(lambda p: None)
+    a = worker.enqueue(pg_dsn, by_field, {"customer": 7}, schema=schema)
+    b = worker.enqueue(pg_dsn, by_fn, {"customer": 7}, schema=schema)
+    c = worker.enqueue(pg_dsn, plain, {"customer": 7}, schema=schema)
+    d = worker.enqueue(pg_dsn, plain, {}, limit_key="mine", schema=schema)
+    worker.enqueue_many(pg_dsn, by_fn, [{"customer": i} for i in range(3)], schema=schema)
+    keys = dict(conn.execute(f"SELECT id, limit_key FROM {schema}.tasks").fetchall())
+    assert (keys[a], keys[b], keys[c], keys[d]) == ("7", "c-7", None, "mine")
+    assert sorted(k for i, k in keys.items() if i not in (a, b, c, d)) == ["c-0", "c-1", "c-2"]
+    with pytest.raises(ValueError, match="at most 255"):
+        worker.enqueue(pg_dsn, plain, {}, limit_key="x" * 256, schema=schema)
+    with pytest.raises(ValueError, match="N/PERIOD"):
+        reg.limit("flow", rate="fast")
+    with pytest.raises(ValueError, match="at least one limit"):
+        reg.limit("flow")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(f"INSERT INTO {schema}.tasks (task, limit_key) VALUES ('t', repeat('x', 256))")
+
+
+def test_priority_holds_inside_a_limit(schema: str, conn: psycopg.Connection) -> None:
+    """A queue limited to 2 running and 1 per key, with tasks of three keys: the claim takes
+    the highest priorities that the limits allow, in priority order across keys."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 2, key_concurrency => 1)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, limit_key, priority) VALUES"
+        " ('a-low', 'q', 'a', 1), ('a-top', 'q', 'a', 9), ('b-mid', 'q', 'b', 5),"
+        " ('c-high', 'q', 'c', 7), ('none-low', 'q', NULL, 0)"
+    )
+    rows = conn.execute(
+        f"SELECT task FROM {schema}.claim_limited('q', gen_random_uuid(), 10, 30, '{{}}', '{{}}')"
+        " ORDER BY priority DESC"
+    ).fetchall()
+    assert [r[0] for r in rows] == ["a-top", "c-high"]
