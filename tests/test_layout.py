@@ -22,6 +22,9 @@ OUTER = (
     "worker.dev",
     "prometheus_client",
     "pgserver",
+    "worker.contrib",
+    "django",
+    "django_tasks",
 )
 
 
