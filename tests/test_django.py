@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.test import override_settings
 
-from worker import WorkerConfig, enqueue
+from worker import TaskCancelled, WorkerConfig, cancel, enqueue
 from worker._migrate import migrate
 from worker.contrib.django.compat import TaskResultDoesNotExist, TaskResultStatus
 from worker.contrib.django.registry import DjangoRegistry
@@ -175,6 +175,18 @@ def test_a_task_that_raises_is_failed_with_its_error(
     assert "in explode" in result.errors[0].traceback  # the worker's traceback frames
     with pytest.raises(ValueError, match="Task failed"):
         _ = result.return_value
+
+
+def test_a_cancelled_task_reads_failed_with_task_cancelled(
+    pg_dsn: str, site: str, tasks: Any
+) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    result = tasks.add.using(run_after=later).enqueue(1, 1)
+    assert cancel(pg_dsn, int(result.id), schema=site).outcome == "cancelled"
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["worker.TaskCancelled"]
+    assert result.errors[0].exception_class is TaskCancelled
 
 
 def test_a_task_the_worker_cannot_import_waits_and_says_why(
