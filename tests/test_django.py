@@ -193,21 +193,28 @@ def test_a_task_the_worker_cannot_import_waits_and_says_why(
     pg_dsn: str, site: str, django_worker: ThreadWorker
 ) -> None:
     """A row naming a module this worker lacks (a producer deployed ahead of it) is handed back
-    for a worker that has it, never failed, and its row says what is missing."""
+    for a worker that has it, never failed, and its row says what is missing. A module outside
+    the installed apps is never imported at all (`this` prints on import)."""
+    empty = {"args": [], "kwargs": {}}
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        gone = enqueue(c, "no_such_app.tasks.gone", {"args": [], "kwargs": {}}, schema=site)
-        plain = enqueue(c, "django_site.tasks.not_there", {"args": [], "kwargs": {}}, schema=site)
+        gone = enqueue(c, "django_site.missing.gone", empty, schema=site)
+        plain = enqueue(c, "django_site.tasks.not_there", empty, schema=site)
+        foreign = enqueue(c, "this.s", empty, schema=site)
 
     def said(task_id: int, text: str) -> bool:
         found = row(pg_dsn, site, str(task_id))
         return found is not None and text in (found["last_error"] or "")
 
-    wait_until(lambda: said(gone, "cannot import module 'no_such_app.tasks' (ModuleNotFound"))
+    wait_until(lambda: said(gone, "cannot import module 'django_site.missing' (ModuleNotFound"))
     wait_until(lambda: said(plain, "'django_site.tasks.not_there' is not a Django task"))
-    for task_id in (gone, plain):
+    wait_until(lambda: said(foreign, "module 'this' is in no installed app"))
+    assert "this" not in sys.modules
+    for task_id in (gone, plain, foreign):
         found = row(pg_dsn, site, str(task_id))
         assert found is not None
         assert found["state"] in ("queued", "scheduled") and found["attempts"] == 0
+    with psycopg.connect(pg_dsn, autocommit=True) as c:  # not for the other tests' workers
+        c.execute(f"DELETE FROM {site}.tasks")
 
 
 def test_a_non_postgresql_database_is_refused_clearly(tasks: Any) -> None:
@@ -248,3 +255,9 @@ def test_the_management_command_refuses_bad_options(pg_dsn: str, site: str) -> N
     out = _manage(pg_dsn, site, "worker_run", "--keep-done", "0")
     assert out.returncode == 2
     assert "--keep-done must be above 0" in out.stderr
+    out = _manage(pg_dsn, site, "worker_run", "--backend", "unmigrated")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "CommandError: schema 'no_such_schema' has no worker tables in this database: run "
+        "`worker migrate` first"
+    )

@@ -42,6 +42,10 @@ TASKS = {
         "QUEUES": [],
         "OPTIONS": {"SCHEMA": os.environ["DJANGO_SITE_SCHEMA"], "MAX_ATTEMPTS": 3},
     },
+    "unmigrated": {
+        "BACKEND": "worker.contrib.django.WorkerBackend",
+        "OPTIONS": {"SCHEMA": "no_such_schema"},
+    },
     "sqlite": {
         "BACKEND": "worker.contrib.django.WorkerBackend",
         "OPTIONS": {"DATABASE": "other"},

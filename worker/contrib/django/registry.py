@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from django.apps import apps
 from django.db import close_old_connections
 from django.utils import timezone
 
@@ -80,10 +81,18 @@ class DjangoRegistry(Registry):
 
 
 def load_task(name: str) -> Task:
-    """The Django Task named by an import path; LookupError saying why not."""
+    """The Django Task named by an import path; LookupError saying why not.
+
+    Only modules of installed apps are imported: a row's task name is data, and anyone who can
+    insert a row must not make the worker import whatever module its environment has."""
     module_name, _, attr = name.rpartition(".")
     if not module_name:
         raise LookupError(f"{name!r} is not the import path of a Django task")
+    if apps.get_containing_app_config(module_name) is None:
+        raise LookupError(
+            f"module {module_name!r} is in no installed app; the worker imports Django tasks "
+            "only from the apps of INSTALLED_APPS"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an ImportError, or whatever the module raised at its import

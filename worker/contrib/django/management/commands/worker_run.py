@@ -13,11 +13,12 @@ import signal
 from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
+import psycopg
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from psycopg.conninfo import make_conninfo
 
-from worker import Worker, WorkerConfig
+from worker import ConfigError, Worker, WorkerConfig
 
 from ...backend import WorkerBackend
 from ...compat import task_backends
@@ -135,6 +136,12 @@ class Command(BaseCommand):
             f"worker: serving Django tasks of TASKS[{alias!r}] from queues "
             f"{', '.join(worker.queues)} (schema {backend.schema})"
         )
-        code = worker.run()
+        try:
+            code = worker.run()
+        except ConfigError as exc:  # the schema is missing or behind: `worker migrate`
+            raise CommandError(str(exc), returncode=2) from None
+        except psycopg.OperationalError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"cannot reach the database: {first}", returncode=1) from None
         if code:
             raise CommandError(f"the worker stopped with exit code {code}", returncode=code)
