@@ -5,6 +5,7 @@ enqueue joins the caller's transaction.atomic(), results come back through get_r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -19,12 +20,18 @@ import pytest
 from conftest import ROOT, ThreadWorker, wait_until
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 from django.test import override_settings
 
 from worker import TaskCancelled, WorkerConfig, cancel, enqueue
 from worker._migrate import migrate
-from worker.contrib.django.compat import TaskResultDoesNotExist, TaskResultStatus
+from worker.contrib.django.compat import (
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_finished,
+    task_started,
+)
 from worker.contrib.django.registry import DjangoRegistry
 
 
@@ -94,12 +101,32 @@ def finished(result: Any) -> Any:
 def test_enqueued_tasks_run_on_our_worker_and_return_results(
     tasks: Any, django_worker: ThreadWorker
 ) -> None:
-    added = tasks.add.enqueue(2, 3)
-    sent = tasks.send.enqueue("ada@example.com", subject="welcome")
-    who = tasks.whoami.enqueue(tag="x")
-    assert added.status == TaskResultStatus.READY
-    for result in (added, sent, who):
-        assert finished(result).status == TaskResultStatus.SUCCESSFUL, result.errors
+    signalled: list[tuple[str, str, str]] = []
+
+    def record(signal: str) -> Any:
+        def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            signalled.append((signal, task_result.id, str(task_result.status)))
+
+        return receiver
+
+    on_started, on_finished = record("started"), record("finished")
+    task_started.connect(on_started)
+    task_finished.connect(on_finished)
+    try:
+        added = tasks.add.enqueue(2, 3)
+        sent = tasks.send.enqueue("ada@example.com", subject="welcome")
+        who = tasks.whoami.enqueue(tag="x")
+        shouted = asyncio.run(tasks.shout.aenqueue("hey"))  # an async task, enqueued async
+        assert added.status == TaskResultStatus.READY
+        for result in (added, sent, who, shouted):
+            assert finished(result).status == TaskResultStatus.SUCCESSFUL, result.errors
+    finally:
+        task_started.disconnect(on_started)
+        task_finished.disconnect(on_finished)
+    # Django's signals, as its own backends send them, from the worker's threads.
+    assert ("started", added.id, "RUNNING") in signalled
+    assert ("finished", added.id, "SUCCESSFUL") in signalled
+    assert asyncio.run(tasks.shout.aget_result(shouted.id)).return_value == "HEY"
     assert added.return_value == {"sum": 5}
     assert sent.return_value == "sent 'welcome' to ada@example.com"
     # A takes_context task sees its own result id and attempt.
@@ -251,13 +278,13 @@ def test_the_management_command_runs_the_tasks(pg_dsn: str, site: str, tasks: An
     assert added.return_value == {"sum": 42}
 
 
-def test_the_management_command_refuses_bad_options(pg_dsn: str, site: str) -> None:
-    out = _manage(pg_dsn, site, "worker_run", "--keep-done", "0")
-    assert out.returncode == 2
-    assert "--keep-done must be above 0" in out.stderr
-    out = _manage(pg_dsn, site, "worker_run", "--backend", "unmigrated")
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1] == (
-        "CommandError: schema 'no_such_schema' has no worker tables in this database: run "
-        "`worker migrate` first"
+def test_the_management_command_refuses_bad_options(site: str) -> None:
+    with pytest.raises(CommandError, match="--keep-done must be above 0") as info:
+        call_command("worker_run", "--keep-done", "0")
+    assert info.value.returncode == 2
+    with pytest.raises(CommandError) as info:
+        call_command("worker_run", "--backend", "unmigrated")
+    assert info.value.returncode == 2
+    assert str(info.value) == (
+        "schema 'no_such_schema' has no worker tables in this database: run `worker migrate` first"
     )

@@ -38,3 +38,8 @@ def flaky(marker: str) -> int:
 @task(backend="sqlite")
 def on_sqlite() -> None:
     return None
+
+
+@task
+async def shout(word: str) -> str:
+    return word.upper()

@@ -130,8 +130,7 @@ class Command(BaseCommand):
             log.info("received %s: stopping", signal.Signals(signum).name)
             worker.stop(now=worker.stopping)
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.stderr.write(
             f"worker: serving Django tasks of TASKS[{alias!r}] from queues "
             f"{', '.join(worker.queues)} (schema {backend.schema})"
@@ -143,5 +142,8 @@ class Command(BaseCommand):
         except psycopg.OperationalError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CommandError(f"cannot reach the database: {first}", returncode=1) from None
+        finally:  # call_command() runs this in a caller's process: give its handlers back
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if code:
             raise CommandError(f"the worker stopped with exit code {code}", returncode=code)
