@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 from django.test import override_settings
+from psycopg.types.json import Jsonb
 
 from worker import TaskCancelled, WorkerConfig, cancel, enqueue
 from worker._migrate import migrate
@@ -202,6 +203,37 @@ def test_a_task_that_raises_is_failed_with_its_error(
     assert "in explode" in result.errors[0].traceback  # the worker's traceback frames
     with pytest.raises(ValueError, match="Task failed"):
         _ = result.return_value
+
+
+def test_errors_are_one_per_failed_attempt_from_the_history(
+    pg_dsn: str, site: str, tasks: Any
+) -> None:
+    """A task retried (MAX_ATTEMPTS) shows one error per failed attempt: the history's entries
+    (its cut texts), the last one whole from last_error, and no entry for a hand-back, which was
+    no failure of the task. The row is made by SQL, as three real attempts would leave it."""
+    result = tasks.flaky.enqueue("m")
+    history = [
+        {"attempt": 1, "error": "RuntimeError: one"},
+        {"attempt": 2, "error": "UnknownTask: no handler named ...", "counted": False},
+        {"attempt": 2, "error": "RuntimeError: two"},
+        {"attempt": 3, "error": "RuntimeError: th"},
+    ]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute(
+            f"UPDATE {site}.tasks SET state = 'failed', attempts = 3, finished_at = now(), "
+            "started_at = now(), worker_id = gen_random_uuid(), errors = %s, "
+            "last_error = 'RuntimeError: three, whole' WHERE id = %s",
+            (Jsonb(history), int(result.id)),
+        )
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.traceback for e in result.errors] == [
+        "RuntimeError: one",
+        "RuntimeError: two",
+        "RuntimeError: three, whole",
+    ]
+    assert {e.exception_class for e in result.errors} == {RuntimeError}
+    assert result.attempts == 3
 
 
 def test_a_cancelled_task_reads_failed_with_task_cancelled(

@@ -30,6 +30,7 @@ import json
 from typing import Any
 
 import psycopg
+from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
@@ -45,6 +46,7 @@ from .compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    task_backends,
     task_enqueued,
 )
 
@@ -215,9 +217,7 @@ class WorkerBackend(BaseTaskBackend):
             args, kwargs = arguments(payload)
         except ValueError as exc:
             raise TaskResultDoesNotExist(f"task {task_id} is not a Django task: {exc}") from None
-        errors = [self._error(e.get("error", "")) for e in history or [] if isinstance(e, dict)]
-        if state == "failed" and last_error and (not history or errors[-1].traceback != last_error):
-            errors.append(self._error(last_error))
+        errors = self._errors(history, state, last_error, attempts)
         if state == "cancelled":
             errors.append(TaskError(exception_class_path="worker.TaskCancelled", traceback=""))
         result = TaskResult(
@@ -239,20 +239,61 @@ class WorkerBackend(BaseTaskBackend):
         return result
 
     @staticmethod
-    def _error(text: str) -> TaskError:
-        return TaskError(exception_class_path=error_class_path(text), traceback=text)
+    def _errors(history: Any, state: str, last_error: str | None, attempts: int) -> list[TaskError]:
+        """One error per failed attempt, oldest first, from the row's error history (its last
+        entries; hand-backs, which were not the task's failures, left out). The history cuts
+        each text; the latest attempt's is whole in last_error."""
+        entries = [
+            e
+            for e in (history if isinstance(history, list) else [])
+            if isinstance(e, dict) and e.get("counted", True) is not False
+        ]
+        texts = [str(e.get("error", "")) for e in entries]
+        latest = bool(entries) and entries[-1].get("attempt") == attempts
+        if last_error and state == "failed":
+            if latest:
+                texts[-1] = last_error
+            else:
+                texts.append(last_error)
+        return [TaskError(exception_class_path=error_class_path(t), traceback=t) for t in texts]
 
     def _task(self, task_id: int, name: str) -> Task:
-        """The Task a row names, imported by its path (as the worker does)."""
-        module, _, attr = name.rpartition(".")
+        """The Task a row names, imported by its path as the worker does (load_task)."""
         try:
-            found = getattr(importlib.import_module(module), attr) if module else None
-        except ImportError as exc:
-            raise TaskResultDoesNotExist(
-                f"task {task_id} is {name!r}, which cannot be imported here ({exc})"
-            ) from None
-        except AttributeError:
-            found = None
-        if not isinstance(found, Task):
-            raise TaskResultDoesNotExist(f"task {task_id} is {name!r}, not a Django task")
-        return found
+            return load_task(name)
+        except LookupError as exc:
+            raise TaskResultDoesNotExist(f"task {task_id}: {exc}") from None
+
+
+def load_task(name: str) -> Task:
+    """The Django Task named by an import path; LookupError saying why not.
+
+    Only modules of installed apps are imported: a row's task name is data, and anyone who can
+    insert a row must not make a process import whatever module its environment has."""
+    module_name, _, attr = name.rpartition(".")
+    if not module_name:
+        raise LookupError(f"{name!r} is not the import path of a Django task")
+    if apps.get_containing_app_config(module_name) is None:
+        raise LookupError(
+            f"module {module_name!r} is in no installed app; Django tasks are imported only "
+            "from the apps of INSTALLED_APPS"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an ImportError, or whatever the module raised at its import
+        raise LookupError(
+            f"cannot import module {module_name!r} ({type(exc).__name__}: {exc})"
+        ) from None
+    task = getattr(module, attr, None)
+    if not isinstance(task, Task):
+        raise LookupError(f"{name!r} is not a Django task (decorate it with @task)")
+    try:
+        backend = task_backends[task.backend]
+    except Exception as exc:
+        raise LookupError(f"{name!r} names task backend {task.backend!r}: {exc}") from None
+    if not isinstance(backend, WorkerBackend):
+        raise LookupError(
+            f"{name!r} belongs to task backend {task.backend!r}, a "
+            f"{type(backend).__name__}, not a WorkerBackend"
+        )
+    return task

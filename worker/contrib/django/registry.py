@@ -17,24 +17,21 @@ request), so a task's ORM queries never use a connection that went away.
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.apps import apps
 from django.db import close_old_connections
 from django.utils import timezone
 
 from worker import Context, DoNotRetry, Registry, TaskDef
 
-from .backend import WorkerBackend, arguments
+from .backend import WorkerBackend, arguments, load_task
 from .compat import (
     Task,
     TaskContext,
     TaskResult,
     TaskResultStatus,
-    task_backends,
     task_finished,
     task_started,
 )
@@ -78,40 +75,6 @@ class DjangoRegistry(Registry):
             store_result=True,
         )
         return definition
-
-
-def load_task(name: str) -> Task:
-    """The Django Task named by an import path; LookupError saying why not.
-
-    Only modules of installed apps are imported: a row's task name is data, and anyone who can
-    insert a row must not make the worker import whatever module its environment has."""
-    module_name, _, attr = name.rpartition(".")
-    if not module_name:
-        raise LookupError(f"{name!r} is not the import path of a Django task")
-    if apps.get_containing_app_config(module_name) is None:
-        raise LookupError(
-            f"module {module_name!r} is in no installed app; the worker imports Django tasks "
-            "only from the apps of INSTALLED_APPS"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an ImportError, or whatever the module raised at its import
-        raise LookupError(
-            f"cannot import module {module_name!r} ({type(exc).__name__}: {exc})"
-        ) from None
-    task = getattr(module, attr, None)
-    if not isinstance(task, Task):
-        raise LookupError(f"{name!r} is not a Django task (decorate it with @task)")
-    try:
-        backend = task_backends[task.backend]
-    except Exception as exc:
-        raise LookupError(f"{name!r} names task backend {task.backend!r}: {exc}") from None
-    if not isinstance(backend, WorkerBackend):
-        raise LookupError(
-            f"{name!r} belongs to task backend {task.backend!r}, a "
-            f"{type(backend).__name__}, not a WorkerBackend"
-        )
-    return task
 
 
 def handler(task: Task) -> Callable[[Any, Context], Any]:
