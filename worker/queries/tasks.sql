@@ -28,7 +28,8 @@ SELECT now() + make_interval(secs => %(delay)s) AS run_at;
 -- Scheduled rows that are due become claimable. Any worker runs this (no leader): SKIP LOCKED keeps
 -- concurrent promoters on different rows. It runs in the claiming transaction, just before the
 -- claim, which therefore sees the rows it promoted. It says how many it promoted, in which queues
--- (to wake the workers of other queues), and how long until the next scheduled row is due.
+-- (to wake the workers of other queues, with the earliest run_at as the insert trigger gives it:
+-- schema/0015), and how long until the next scheduled row is due.
 WITH due AS (
     SELECT id
       FROM {schema}.tasks
@@ -41,18 +42,24 @@ WITH due AS (
     UPDATE {schema}.tasks AS t
        SET state = 'queued'
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
-    RETURNING t.queue
+    RETURNING t.queue, t.run_at
 ), names AS (
-    SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n
-      FROM (SELECT queue, count(*) AS n FROM moved GROUP BY queue LIMIT 50) AS g
+    SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n,
+           array_agg(queue) AS queues,
+           (extract(epoch FROM min(earliest)) * 1000000)::bigint AS earliest
+      FROM (SELECT queue, count(*) AS n, min(run_at) AS earliest FROM moved
+             GROUP BY queue LIMIT 50) AS g
 )
 SELECT coalesce(names.n, 0) AS promoted,
        CASE WHEN names.n > 0
             THEN pg_notify(%(channel)s, CASE WHEN octet_length(names.list) > 7000 THEN ''
-                                             ELSE names.list END)::text END AS notified,
+                                             ELSE names.list || ',' || chr(30)
+                                                  || names.earliest::text END)::text END
+           AS notified,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.tasks
                             WHERE state = 'scheduled' AND run_at > now()) - now())::float8
-           AS next_due_in
+           AS next_due_in,
+       names.queues, names.earliest
   FROM names;
 
 -- name: make_due
@@ -394,11 +401,17 @@ RETURNING t.id, t.queue, t.task, t.state::text AS state;
 -- attempt that died was counted when it was claimed. SKIP LOCKED keeps concurrent rescuers apart.
 -- The error joins the history (see retry).
 -- A row someone asked to cancel (schema/0010) is not put back: it ends 'cancelled'.
+-- %(since)s (NULL: no bound) starts the walk a little before this worker's last complete pass:
+-- rows whose lease ran out earlier were there to take then. Without it, each pass would walk
+-- the dead entries that every finished task leaves in tasks_lease_idx, and those pile up by the
+-- hundred thousand while a long transaction elsewhere holds vacuum back. A full pass now and
+-- then (see Maintenance.rescue) takes what a pass skipped because its row was locked.
 WITH expired AS (
     SELECT id
       FROM {schema}.tasks
      WHERE state = 'in_progress'
        AND lease_expires_at < now()
+       AND lease_expires_at >= coalesce(%(since)s::timestamptz, '-infinity')
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
