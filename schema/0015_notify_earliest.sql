@@ -19,13 +19,17 @@ LANGUAGE plpgsql AS $$
 DECLARE
     names text;
     earliest timestamptz;
+    odd boolean;
 BEGIN
-    SELECT string_agg(q, ','), min(e) INTO names, earliest
+    SELECT string_agg(q, ','), min(e), bool_or(strpos(q, ',') > 0 OR strpos(q, chr(30)) > 0)
+      INTO names, earliest, odd
       FROM (SELECT queue AS q, min(run_at) AS e FROM inserted WHERE state = 'queued'
              GROUP BY queue LIMIT 50) AS d;
     IF names IS NOT NULL THEN
-        IF octet_length(names) > 7000 THEN
-            names := '';  -- "look at every queue": workers then read each from its start
+        IF odd OR octet_length(names) > 7000 THEN
+            -- "Look at every queue" (a name holding a comma cannot be listed): workers then
+            -- read each queue, from its start.
+            names := '';
         ELSE
             names := names || ',' || chr(30)
                      || (extract(epoch FROM earliest) * 1000000)::bigint::text;

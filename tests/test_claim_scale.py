@@ -474,3 +474,25 @@ def test_rescue_walks_only_leases_that_ran_out_since_its_last_pass(
     assert bounded_rows == 1 and full_rows == 1
     assert bounded < 100, bounded
     assert full > 10 * bounded, (full, bounded)
+
+
+def test_a_queue_whose_name_holds_a_comma_is_still_woken(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """Notifications list queues separated by commas; a queue named 'a,b' cannot be listed, so
+    its notification names every queue instead of waking the workers of 'a' and 'b'. Its worker
+    starts the task at once, not at its next poll (30 s here)."""
+    reg = worker.Registry()
+    done: list[int] = []
+    reg.task("t")(lambda p: done.append(p["n"]))
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{notify_channel(schema)}"')
+        worker.enqueue(conn, "t", {"n": 0}, queue="a,b", schema=schema)
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [""]
+    with thread_worker(reg, queues=["a,b"], poll_interval=30.0):
+        wait_until(lambda: done == [0])
+        time.sleep(0.5)
+        began = time.monotonic()
+        worker.enqueue(conn, "t", {"n": 1}, queue="a,b", schema=schema)
+        wait_until(lambda: 1 in done, timeout=10)
+        assert time.monotonic() - began < 3
