@@ -100,7 +100,8 @@ class Vacuumer:
             log.warning(
                 "vacuumed the task table in %.1fs but %d of %d dead rows remain: a long "
                 "transaction, prepared transaction or replication slot may hold the xmin "
-                "horizon back (see pg_stat_activity); next try in %.0fs",
+                "horizon back (see pg_stat_activity, or run `worker doctor`); next try once "
+                "that has ended, and not before %.0fs",
                 took,
                 left,
                 dead,
