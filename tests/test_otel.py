@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import worker
+from worker import _migrate
 from worker.contrib import otel
 
 
@@ -347,3 +349,40 @@ def test_a_bad_worker_otel_value_is_a_usage_error() -> None:
     assert done.stderr.strip().splitlines() == [
         "worker: error: WORKER_OTEL must be 1 or 0 (true/false), not 'maybe'"
     ]
+
+
+def test_migration_0013_carries_the_grants_on_enqueue_over(
+    pg_dsn: str, conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """enqueue() gets a new signature; an operator's grant (and revoke from PUBLIC) on the old
+    one hold on the new one, and callers of the old signature keep working."""
+    suffix = uuid.uuid4().hex[:10]
+    schema, role = f"otel_grants_{suffix}", f"otel_producer_{suffix}"
+    every = _migrate.migrations()
+    monkeypatch.setattr(_migrate, "migrations", lambda: [m for m in every if m.version < 13])
+    _migrate.migrate(conn, schema)
+    old = f"{schema}.enqueue(text, jsonb, text, timestamptz, integer, integer, text)"
+    new = f"{schema}.enqueue(text, jsonb, text, timestamptz, integer, integer, text, jsonb)"
+    try:
+        conn.execute(f"CREATE ROLE {role} NOLOGIN")
+        conn.execute(f"REVOKE EXECUTE ON FUNCTION {old} FROM PUBLIC")
+        conn.execute(f"GRANT EXECUTE ON FUNCTION {old} TO {role}")
+        monkeypatch.setattr(_migrate, "migrations", lambda: every)
+        assert _migrate.migrate(conn, schema) == ["0013_trace_context"]
+        assert conn.execute("SELECT to_regprocedure(%s)", (old,)).fetchone()[0] is None
+        grantees = conn.execute(
+            "SELECT coalesce(nullif(a.grantee, 0)::regrole::text, 'PUBLIC')"
+            " FROM pg_proc AS p, aclexplode(p.proacl) AS a"
+            " WHERE p.oid = to_regprocedure(%s) AND a.grantee <> p.proowner",
+            (new,),
+        ).fetchall()
+        assert grantees == [(role,)]
+        # The old call, named and positional, reaches the new function (no ambiguity).
+        first = conn.execute(f"SELECT {schema}.enqueue('t', dedupe_key => 'k')").fetchone()[0]
+        again = conn.execute(
+            f"SELECT {schema}.enqueue('t', '{{}}', NULL, now(), 0, NULL, 'k')"
+        ).fetchone()[0]
+        assert first == again
+    finally:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
