@@ -7,11 +7,13 @@ in-memory exporter (or, across processes, from the worker's JSON export)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
 import textwrap
 import uuid
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -386,3 +388,31 @@ def test_migration_0013_carries_the_grants_on_enqueue_over(
     finally:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_failed_run_leaves_no_reference_cycle_to_collect(
+    conn: psycopg.Connection, schema: str, thread_worker: Any
+) -> None:
+    """The runner keeps the handler's exception for the run observers; once the run is over
+    nothing holds it (nor, through its traceback, the handler's locals) until a GC pass."""
+    reg = worker.Registry()
+    raised: list[weakref.ref[BaseException]] = []
+
+    class Boom(Exception):
+        def __init__(self) -> None:
+            super().__init__("boom")
+            raised.append(weakref.ref(self))
+
+    @reg.task("otel.boom", queue="otelq", max_attempts=1)
+    def boom(payload: dict) -> None:
+        raise Boom()  # no local holds it (that would be a cycle of the test's own)
+
+    worker.enqueue(conn, boom, schema=schema)
+    gc.disable()
+    try:
+        with thread_worker(reg):
+            wait_until(lambda: states(conn, schema) == {"failed": 1})
+        assert len(raised) == 1
+        assert raised[0]() is None
+    finally:
+        gc.enable()

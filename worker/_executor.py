@@ -226,6 +226,8 @@ class Executor:
         outcome.duration = time.perf_counter() - start
         if observed:
             _hooks.end_runs(observed, job, outcome, failure)
+        # As ``except ... as`` does: no cycle frame -> exception -> traceback -> frame is left.
+        failure = None
         return outcome
 
 
