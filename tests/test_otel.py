@@ -247,7 +247,9 @@ def test_uninstrument_puts_enqueue_back_on_its_untraced_path(
     traced: Any, conn: psycopg.Connection, schema: str
 ) -> None:
     _, exporter = traced
+    assert otel.instrumented()
     otel.uninstrument()
+    assert not otel.instrumented()
     task_id = worker.enqueue(conn, "otel.any", queue="otelq", schema=schema)
     worker.enqueue_many(conn, "otel.any", [{}], queue="otelq", schema=schema)
     assert exporter.get_finished_spans() == ()
@@ -255,7 +257,7 @@ def test_uninstrument_puts_enqueue_back_on_its_untraced_path(
     assert stored_context(conn, schema, task_id) is None
 
 
-def test_the_context_crosses_into_a_real_worker_run_otel_process(
+def test_the_context_crosses_into_a_real_worker_process_run_with_worker_otel_set(
     traced: Any, pg_dsn: str, conn: psycopg.Connection, schema: str, tmp_path: Path
 ) -> None:
     provider, exporter = traced
@@ -263,10 +265,10 @@ def test_the_context_crosses_into_a_real_worker_run_otel_process(
         worker.enqueue(conn, "otel.cross", queue="otelq", schema=schema)
     producer = one(exporter.get_finished_spans(), "send otelq")
     spans_file = tmp_path / "spans.jsonl"
-    args = ["run", "otel_module", "--otel", "--burst", "--processes", "1"]
-    done = run_cli(
-        *args, "--dsn", pg_dsn, "--schema", schema, env={"OTEL_TEST_SPANS": str(spans_file)}
-    )
+    # WORKER_OTEL=1 here; the README's sample test runs `worker run --otel`.
+    args = ["run", "otel_module", "--burst", "--processes", "1", "--dsn", pg_dsn]
+    env = {"OTEL_TEST_SPANS": str(spans_file), "WORKER_OTEL": "1"}
+    done = run_cli(*args, "--schema", schema, env=env)
     assert done.returncode == 0, done.stderr
     assert states(conn, schema) == {"done": 1}
     spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
