@@ -371,7 +371,7 @@ def test_migration_0013_carries_the_grants_on_enqueue_over(
         conn.execute(f"CREATE ROLE {role} NOLOGIN")
         conn.execute(f"REVOKE EXECUTE ON FUNCTION {old} FROM PUBLIC")
         conn.execute(f"GRANT EXECUTE ON FUNCTION {old} TO {role}")
-        monkeypatch.setattr(_migrate, "migrations", lambda: every)
+        monkeypatch.setattr(_migrate, "migrations", lambda: [m for m in every if m.version <= 13])
         assert _migrate.migrate(conn, schema) == ["0013_trace_context"]
         assert conn.execute("SELECT to_regprocedure(%s)", (old,)).fetchone()[0] is None
         grantees = conn.execute(
