@@ -49,6 +49,8 @@ class Claimed:
     created_at: datetime
     claimed_at: datetime
     xid: str = ""  # the claiming transaction's id (see _journal)
+    # The producer's trace context as JSON text, or None (schema/0013; read by worker.contrib.otel)
+    trace_context: str | None = None
 
 
 @dataclass(slots=True)

@@ -8,7 +8,8 @@
 SELECT {schema}.enqueue(
     task => %(task)s, payload => %(payload)s, queue => %(queue)s,
     run_at => coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s
+    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s,
+    trace_context => %(trace_context)s
 ) AS id;
 
 -- name: enqueue_copy
@@ -19,6 +20,14 @@ COPY {schema}.tasks (task, payload, queue, priority, max_attempts) FROM STDIN;
 -- name: enqueue_copy_at
 -- The same, for rows that run at a given time (a delay was added to delayed_until first).
 COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at) FROM STDIN;
+
+-- name: enqueue_copy_traced
+-- enqueue_copy with the producer's trace context (schema/0013), when tracing is on.
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, trace_context) FROM STDIN;
+
+-- name: enqueue_copy_at_traced
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, trace_context)
+FROM STDIN;
 
 -- name: delayed_until
 -- A delay counts from the database's clock, not the producer's.
@@ -156,7 +165,10 @@ RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, 
           CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END AS created_at,
           now() AS claimed_at,
           -- For the metrics journal (worker/_journal.py): saves it a round trip per batch.
-          pg_current_xact_id()::text AS xid;
+          pg_current_xact_id()::text AS xid,
+          -- The producer's trace context (schema/0013): NULL unless a traced producer wrote it,
+          -- as text for the same reason as the payload.
+          t.trace_context::text AS trace_context;
 
 -- name: due_queues
 -- Of the given queues, those with a row ready to claim: one index probe each, no lock. The
