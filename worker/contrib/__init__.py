@@ -1,3 +1,6 @@
-"""Optional integrations with other frameworks. Nothing in the core, the CLI, the monitor or the
-developer tools imports them (see the import contract in pyproject.toml), so each needs its
-framework only when it is used."""
+"""Optional integrations, one module each, installed as extras (``pip install 'worker[otel]'``).
+
+The core never imports this package (an import-linter contract in pyproject.toml says so): an
+integration registers itself into the core's extension points (``worker._hooks``) when the
+application asks for it, and nothing here is imported otherwise.
+"""
