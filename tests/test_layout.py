@@ -24,6 +24,8 @@ OUTER = (
     "pgserver",
     "worker.contrib",
     "opentelemetry",
+    "django",
+    "django_tasks",
 )
 
 

@@ -36,6 +36,8 @@ def test_the_marked_samples_are_found() -> None:
         "billing.py",
         "produce_bills.py",
         "app.py",
+        "site_settings.py",
+        "orders.py",
         "traced.py",
     }
 
@@ -56,10 +58,12 @@ def database(pg_dsn: str) -> Iterator[str]:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def run(folder: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run(
+    folder: Path, dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     for name, code in samples().items():
         (folder / name).write_text(code)
-    env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(folder)}
+    env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(folder), **(env or {})}
     return subprocess.run(
         [sys.executable, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120
     )
@@ -128,6 +132,41 @@ def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
     assert "welcome ada@example.com" in lines
     assert "welcome ping" in lines
     assert lines[-2:] == ["[('ada@example.com', 'done'), ('ping', 'done')]", "0"]
+
+
+def test_the_django_sample(tmp_path: Path, database: str) -> None:
+    """An order placed commits its task, a blocked one rolls it back; `manage.py worker_run`
+    (here `python -m django worker_run`, the same command without a manage.py) runs it, and
+    get_result() reads its return value."""
+    env = {"DJANGO_SETTINGS_MODULE": "site_settings"}
+    place = textwrap.dedent(
+        """
+        import django
+        django.setup()
+        import orders
+        print(orders.place_order(7, "ada@example.com"))
+        try:
+            orders.place_order(8, "eve@blocked.example")
+        except ValueError as exc:
+            print("refused:", exc)
+        """
+    )
+    out = run(tmp_path, database, "-c", place, env=env)
+    assert out.returncode == 0, out.stderr
+    first, refused = out.stdout.splitlines()
+    assert refused == "refused: blocked"
+    out = run(tmp_path, database, "-m", "django", "worker_run", "--burst", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "receipt for order 7 to ada@example.com" in out.stdout
+    read = "import django; django.setup(); import orders\n" + (
+        f"r = orders.send_receipt.get_result({first!r}); print(r.status, r.return_value)"
+    )
+    out = run(tmp_path, database, "-c", read, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "SUCCESSFUL {'sent_to': 'ada@example.com'}\n"
+    with psycopg.connect(database) as conn:
+        rows = conn.execute("SELECT task, payload FROM worker.tasks").fetchall()
+    assert rows == [("orders.send_receipt", {"args": [7, "ada@example.com"], "kwargs": {}})]
 
 
 def printed_spans(stdout: str) -> dict[str, dict]:

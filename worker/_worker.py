@@ -77,7 +77,8 @@ class Worker:
         hooks: Hooks | None = None,
     ) -> None:
         self.config = config
-        self.registry = tasks or registry
+        # "is None", not "or": a registry that loads handlers on demand starts out empty (falsy).
+        self.registry = registry if tasks is None else tasks
         self.hooks = hooks or Hooks()
         self.id = config.worker_id or os.environ.get(WORKER_ID_ENV) or str(uuid.uuid4())
         self.q = queries(config.schema)
@@ -573,10 +574,11 @@ class Worker:
                 # Not this worker's to fail: an older worker in a rolling deploy, or a typo. The
                 # row goes back uncounted, later each time, until a worker that has it comes.
                 known = ", ".join(self.registry.names()) or "none"
+                why = self.registry.why_missing(c.task) or f"known: {known[:1000]}"
                 name = display(c.task)
                 error = (
                     f"UnknownTask: no handler named '{name}' in worker {self.id[:8]} "
-                    f"(known: {known[:1000]}); handed back without counting the attempt, until "
+                    f"({why}); handed back without counting the attempt, until "
                     "a worker that has the handler takes it"
                 )
                 job.state = State.RUNNING
