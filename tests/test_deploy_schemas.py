@@ -26,8 +26,8 @@ from worker.monitor.instruments import exported_series
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-# The oldest Kubernetes release the manifests promise to work on (docs/deploy.md); the schemas
-# of every release since 1.25 ship with kubernetes-validate.
+# The Kubernetes release whose API the manifests are checked against, the oldest docs/deploy.md
+# names; kubernetes-validate ships the schemas of every release since 1.25.
 KUBERNETES = "1.29"
 
 
