@@ -252,3 +252,31 @@ def test_the_cron_and_locks_sample(tmp_path: Path, database: str) -> None:
     out = run(tmp_path, database, "-m", "worker", "cron", "jobs")
     assert out.returncode == 0, out.stderr
     assert re.search(r"^cleanup\s+\*/5 \* \* \* \*\s+UTC\s+cleanup\s+maintenance", out.stdout, re.M)
+
+
+def test_the_optional_tools_table_names_every_tool_the_tests_look_for() -> None:
+    """The README's table of tools (chromium, promtool, pgbouncer, ...) and the tests' skips
+    agree: each file a row names looks for that tool, and each tool a test looks for on the
+    PATH has a row naming that file."""
+    text = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\w[\w-]*) \| `apt-get install -y [\w-]+` \| (.*) \|$", text, re.M)
+    table = {tool: set(re.findall(r"`(tests/test_\w+\.py)`", where)) for tool, where in rows}
+    assert {"chromium", "promtool", "pgbouncer"} <= set(table)
+    looked_for: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for tool in re.findall(r'shutil\.which\("([\w-]+)"\)', path.read_text()):
+            tool = tool.removesuffix("-browser")
+            looked_for.setdefault(tool, set()).add(f"tests/{path.name}")
+    # A module that imports another's check (PGBOUNCER from test_pgbouncer) looks for it too.
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for module, names in re.findall(
+            r"^from (test_\w+) import ([^\n]+)", path.read_text(), re.M
+        ):
+            for tool, files in looked_for.items():
+                if f"tests/{module}.py" in files and tool.upper() in names:
+                    files.add(f"tests/{path.name}")
+    for tool, files in table.items():
+        assert files, tool
+        assert files <= looked_for.get(tool, set()), (tool, files - looked_for.get(tool, set()))
+    for tool, files in looked_for.items():
+        assert files <= table.get(tool, set()), f"README's table misses {tool} in {files}"
