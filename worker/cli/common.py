@@ -78,6 +78,23 @@ def seconds_in(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def rate_in(low: float, high: float) -> Callable[[str], float]:
+    """A flag type: a number of tasks per second from ``low`` to ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected tasks per second, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected {low:g} to {high:g} tasks per second, got {text}"
+            )
+        return value
+
+    return parse
+
+
 def text_up_to(limit: int) -> Callable[[str], str]:
     """A flag type: 1 to ``limit`` characters, none of them NUL (a text column cannot hold it)."""
 

@@ -30,6 +30,7 @@ from .common import (
     Parser,
     database_error,
     int_in,
+    rate_in,
     schema_name,
     scrub,
     seconds,
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int_in(1, MAX_PROCESSES), default=2)
     p.add_argument(
         "--rate",
-        type=seconds_in(0.1, 10_000),
+        type=rate_in(0.1, 10_000),
         default=20.0,
         help="tasks enqueued per second until Ctrl-C (default 20)",
     )
