@@ -23,6 +23,7 @@ from conftest import ROOT, states, wait_until, worker_cli
 import worker
 from worker.cli.common import READ_ONLY_COMMANDS
 from worker.cli.main import main
+from worker.dev.demo import DEFAULT_CONSOLE_PORT, _console_port
 from worker.dev.embedded import EmbeddedPostgres, default_data_dir
 
 SUMMARY = re.compile(
@@ -313,3 +314,15 @@ def test_one_embedded_server_per_user(
         assert not user.server.is_running()
     finally:
         user.server.stop()
+
+
+def test_the_console_moves_off_9187_when_it_is_taken() -> None:
+    with socket.socket() as taken:
+        try:
+            taken.bind(("127.0.0.1", DEFAULT_CONSOLE_PORT))
+            taken.listen()
+        except OSError:
+            pass  # taken by someone else already: the same case
+        port = _console_port(None)
+        assert port != DEFAULT_CONSOLE_PORT
+    assert _console_port(8123) == 8123  # --port is taken as given
