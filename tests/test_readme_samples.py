@@ -9,6 +9,7 @@ is a list of signatures, not a program (``test_every_python_block_is_run``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -48,6 +49,7 @@ def test_the_marked_samples_are_found() -> None:
         "billing.py",
         "produce_bills.py",
         "app.py",
+        "traced.py",
     }
 
 
@@ -280,3 +282,35 @@ def test_the_optional_tools_table_names_every_tool_the_tests_look_for() -> None:
         assert files <= looked_for.get(tool, set()), (tool, files - looked_for.get(tool, set()))
     for tool, files in looked_for.items():
         assert files <= table.get(tool, set()), f"README's table misses {tool} in {files}"
+
+
+def printed_spans(stdout: str) -> dict[str, dict]:
+    """The spans ConsoleSpanExporter printed (indented JSON objects among other output), by name."""
+    spans, pos, decoder = {}, 0, json.JSONDecoder()
+    while (start := stdout.find("{\n", pos)) != -1:
+        span, pos = decoder.raw_decode(stdout, start)
+        spans[span["name"]] = span
+    return spans
+
+
+def test_the_opentelemetry_sample(tmp_path: Path, database: str) -> None:
+    """The request's span parents the send span; the worker's process span (another process)
+    links to it, and the handler's span is a child of the process span."""
+    out = run(tmp_path, database, "traced.py")
+    assert out.returncode == 0, out.stderr
+    produced = printed_spans(out.stdout)
+    send, checkout = produced["send default"], produced["checkout"]
+    assert send["kind"] == "SpanKind.PRODUCER"
+    assert send["parent_id"] == checkout["context"]["span_id"]
+    out = run(
+        tmp_path, database, "-m", "worker", "run", "traced", "--otel", "--burst", "--processes", "1"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "shipping order 42" in out.stdout.splitlines()
+    consumed = printed_spans(out.stdout)
+    process, label = consumed["process default"], consumed["print label"]
+    assert process["kind"] == "SpanKind.CONSUMER"
+    assert [link["context"]["span_id"] for link in process["links"]] == [send["context"]["span_id"]]
+    assert process["links"][0]["context"]["trace_id"] == send["context"]["trace_id"]
+    assert label["parent_id"] == process["context"]["span_id"]
+    assert process["attributes"]["worker.task.outcome"] == "done"

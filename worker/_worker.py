@@ -171,6 +171,7 @@ class Worker:
             # Never offer a slot older than cron rows are kept: a purged slot could run again.
             cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
             probe=self._probe,
+            notified=lambda: self.listener is not None and self.listener.connected,
             vacuum=Vacuumer(self.q, config.schema),
             prepare=config.prepare,
         )

@@ -133,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to keep done rows (0: delete on completion; default 3600)",
     )
     p.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace every run with OpenTelemetry (needs the otel extra; also WORKER_OTEL=1)",
+    )
+    p.add_argument(
         "--store-results",
         action="store_true",
         help="store every handler's return value with its row (a handler's own store_result "
