@@ -338,7 +338,7 @@ BEGIN
 END;
 $$;
 
--- enqueue (schema/0006) with a key for per-key limits. The key is written in the same
+-- enqueue (schema/0006, 0013) with a key for per-key limits. The key is written in the same
 -- transaction as the row, so no claim ever sees the row without it. A row that dedupe_key
 -- matched keeps its own key. SQL producers may also write tasks.limit_key in a plain INSERT.
 CREATE FUNCTION {schema}.enqueue_keyed(
@@ -349,7 +349,8 @@ CREATE FUNCTION {schema}.enqueue_keyed(
     priority     integer     DEFAULT 0,
     max_attempts integer     DEFAULT NULL,
     dedupe_key   text        DEFAULT NULL,
-    limit_key    text        DEFAULT NULL
+    limit_key    text        DEFAULT NULL,
+    trace_context jsonb      DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -358,7 +359,8 @@ DECLARE
 BEGIN
     new_id := {schema}.enqueue(task => task, payload => payload, queue => queue,
                                run_at => run_at, priority => priority,
-                               max_attempts => max_attempts, dedupe_key => dedupe_key);
+                               max_attempts => max_attempts, dedupe_key => dedupe_key,
+                               trace_context => trace_context);
     IF limit_key IS NOT NULL THEN
         UPDATE {schema}.tasks AS t SET limit_key = enqueue_keyed.limit_key
          WHERE t.id = new_id AND t.limit_key IS NULL AND t.state IN ('queued', 'scheduled')

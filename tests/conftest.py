@@ -24,7 +24,7 @@ from worker.dev.embedded import EmbeddedPostgres
 ROOT = Path(__file__).resolve().parent.parent
 
 # Modules whose every test starts PostgreSQL servers of its own (or processes that do).
-_SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench"}
+_SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_run"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -130,7 +130,14 @@ def test_notifications_only_for_rows_that_can_run(
         assert list(listener.notifies(timeout=0.5)) == []
         worker.enqueue(conn, "t", queue="reports", schema=schema)
         got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
-        assert got == ["reports"]
+        assert len(got) == 1
+        # The queue, and the run_at of the earliest row in microseconds (schema/0015).
+        run_at = conn.execute(
+            f"SELECT (extract(epoch FROM run_at) * 1000000)::bigint FROM {schema}.tasks"
+            " WHERE queue = 'reports'"
+        ).fetchone()[0]
+        assert got[0] == f"reports,\x1e{run_at}"
+        assert tr.parse_notification(got[0]) == (["reports"], run_at)
 
 
 def test_a_notification_claims_only_the_queues_it_names(
@@ -391,3 +398,101 @@ def test_the_cursor_probe_is_spaced_by_its_own_cost(pg_dsn: str, schema: str) ->
     costly = run(0.1, 11.0)
     gaps = [b - a for a, b in itertools.pairwise(costly)]
     assert 2 <= len(costly) <= 3 and all(g >= 4.5 for g in gaps), gaps
+
+
+def test_a_row_committed_long_after_its_transaction_began_is_claimed_at_once(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """A producer's transaction inserts a row, works for two seconds while other rows are
+    enqueued and claimed (the worker's cursor moves past the row's run_at, the transaction's
+    start), then commits. The notification carries the row's run_at (schema/0015), so the
+    worker reads the queue from its start at once: neither its poll (30 s here) nor the cursor
+    probe (30 s apart while notifications arrive) is what finds the row."""
+    reg = worker.Registry()
+    done: list[int] = []
+    reg.task("t")(lambda p: done.append(p["n"]))
+    with thread_worker(reg, poll_interval=30.0):
+        for n in range(3):
+            worker.enqueue(conn, "t", {"n": n}, schema=schema)
+        wait_until(lambda: len(done) == 3)
+        time.sleep(1.5)  # the first probe (a second after the start) has run: the next is far
+        with psycopg.connect(pg_dsn) as producer:
+            worker.enqueue(producer, "t", {"n": 99}, schema=schema)
+            time.sleep(1.2)
+            for n in range(3, 6):
+                worker.enqueue(conn, "t", {"n": n}, schema=schema)
+                wait_until(lambda n=n: n in done)
+                time.sleep(0.5)
+            producer.commit()
+            committed = time.monotonic()
+        wait_until(lambda: 99 in done, timeout=15)
+        assert time.monotonic() - committed < 3
+
+
+def test_rescue_walks_only_leases_that_ran_out_since_its_last_pass(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """While a snapshot is held, 20,000 rows run and finish; each leaves a dead entry with an
+    expired lease in the lease index. A rescue pass bounded by the previous pass's start reads
+    a few buffers; an unbounded one walks every dead entry. Both rescue the one row whose lease
+    just ran out."""
+    q = queries(schema)
+
+    def plan(since: object) -> tuple[int, int]:
+        with conn.transaction(force_rollback=True):
+            row = conn.execute(
+                sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + q["rescue"],
+                {"limit": 1000, "since": since, **tr._HISTORY},
+            ).fetchone()
+        assert row is not None
+        top = row[0][0]["Plan"]
+        return int(top["Actual Rows"]), int(top.get("Shared Hit Blocks", 0)) + int(
+            top.get("Shared Read Blocks", 0)
+        )
+
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1").fetchone()
+        worker.enqueue_many(conn, "t", ({"n": i} for i in range(20000)), queue="q", schema=schema)
+        conn.execute(
+            f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 1,"
+            " lease_expires_at = now() - interval '5 minutes'"
+        )
+        conn.execute(
+            f"UPDATE {schema}.tasks SET state = 'done', finished_at = now(),"
+            " lease_expires_at = NULL"
+        )
+        worker.enqueue(conn, "t", {"n": -1}, queue="q", schema=schema)
+        conn.execute(
+            f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 1,"
+            " lease_expires_at = now() - interval '1 second' WHERE state = 'queued'"
+        )
+        since = conn.execute("SELECT now() - interval '1 minute'").fetchone()[0]
+        bounded_rows, bounded = plan(since)
+        full_rows, full = plan(None)
+        holder.rollback()
+    assert bounded_rows == 1 and full_rows == 1
+    assert bounded < 100, bounded
+    assert full > 10 * bounded, (full, bounded)
+
+
+def test_a_queue_whose_name_holds_a_comma_is_still_woken(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """Notifications list queues separated by commas; a queue named 'a,b' cannot be listed, so
+    its notification names every queue instead of waking the workers of 'a' and 'b'. Its worker
+    starts the task at once, not at its next poll (30 s here)."""
+    reg = worker.Registry()
+    done: list[int] = []
+    reg.task("t")(lambda p: done.append(p["n"]))
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{notify_channel(schema)}"')
+        worker.enqueue(conn, "t", {"n": 0}, queue="a,b", schema=schema)
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [""]
+    with thread_worker(reg, queues=["a,b"], poll_interval=30.0):
+        wait_until(lambda: done == [0])
+        time.sleep(0.5)
+        began = time.monotonic()
+        worker.enqueue(conn, "t", {"n": 1}, queue="a,b", schema=schema)
+        wait_until(lambda: 1 in done, timeout=10)
+        assert time.monotonic() - began < 3

@@ -45,6 +45,9 @@ BAD_FLAGS = [
     (["retry"], "--failed", "x"),
     (["cancel", "99999999999999999999"], "--json", None),
     (["demo"], "--processes", "1000"),
+    (["demo"], "--rate", "0"),
+    (["demo"], "--rate", "nan"),
+    (["demo"], "--port", "70000"),
 ]
 
 

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import yaml
 from conftest import ThreadWorker, states, wait_until
+from opentelemetry.sdk.trace import TracerProvider
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -25,6 +26,7 @@ import worker
 from worker._registry import Registry
 from worker._worker import WorkerConfig
 from worker.cli import build_parser
+from worker.contrib import otel
 from worker.monitor.instruments import DATABASE_METRICS, WORKER_METRICS, exported_series
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -429,6 +431,16 @@ def test_producer_role_can_enqueue_and_nothing_else(
         conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(p)))
         worker.enqueue_many(conn, "bulk", ({"i": i} for i in range(20)), schema=schema)
     assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone()[0] == 22
+    # With tracing on (worker.contrib.otel) both paths also write trace_context.
+    otel.instrument(TracerProvider())
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(p)))
+            worker.enqueue(conn, "traced", schema=schema)
+            worker.enqueue_many(conn, "traced", [{}, {}], schema=schema)
+    finally:
+        otel.uninstrument()
+    assert conn.execute(f"SELECT count(trace_context) FROM {schema}.tasks").fetchone()[0] == 3
 
     for statement in (
         f"UPDATE {schema}.tasks SET priority = 5",

@@ -23,7 +23,6 @@ from worker.dev import pginstall
 from worker.dev.embedded import (
     EmbeddedError,
     EmbeddedPostgres,
-    default_data_dir,
     ensure_embedded,
     find_pg_bin,
 )
@@ -352,14 +351,6 @@ def test_root_runs_server_as_unprivileged_user(shared_server: EmbeddedPostgres) 
     # Traversal was granted without making anything world-writable.
     for parent in shared_server.data_dir.parents:
         assert not parent.stat().st_mode & 0o002 or parent.stat().st_mode & 0o1000
-
-
-def test_default_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WORKER_EMBEDDED_DIR", raising=False)
-    monkeypatch.chdir(tmp_path)
-    assert default_data_dir() == tmp_path / ".worker" / "pgdata"
-    monkeypatch.setenv("WORKER_EMBEDDED_DIR", str(tmp_path / "elsewhere"))
-    assert default_data_dir() == tmp_path / "elsewhere"
 
 
 def test_ensure_embedded(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -22,6 +22,10 @@ OUTER = (
     "worker.dev",
     "prometheus_client",
     "pgserver",
+    "worker.contrib",
+    "opentelemetry",
+    "django",
+    "django_tasks",
 )
 
 
@@ -63,13 +67,16 @@ def test_import_contract_holds() -> None:
         ("_enqueue.py", "from .monitor import metrics as _layer_breach  # noqa\n"),
         ("monitor/readmodel.py", "from ..dev import embedded as _layer_breach  # noqa\n"),
         ("_registry.py", "from . import _worker as _cycle  # noqa\n"),
+        ("_executor.py", "from .contrib import otel as _layer_breach  # noqa\n"),
+        ("_hooks.py", "import opentelemetry.trace as _layer_breach  # noqa\n"),
     ],
 )
 def test_import_contract_fails_when_a_layer_is_crossed(
     tmp_path: Path, module: str, line: str
 ) -> None:
-    """The contract is not vacuous: a core module importing the CLI or the monitor, the monitor
-    importing a developer tool, or a cycle in the core each break it."""
+    """The contract is not vacuous: a core module importing the CLI, the monitor, an optional
+    integration or OpenTelemetry, the monitor importing a developer tool, or a cycle in the core
+    each break it."""
     shutil.copytree(PACKAGE, tmp_path / "worker", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     target = tmp_path / "worker" / module

@@ -111,20 +111,20 @@ def test_concurrency_limits_hold_across_processes_and_are_reached(
     n = 600
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
-        " SELECT 'flow.run', 'flow', jsonb_build_object('k', 'k' || (i - 1) / 12, 'sleep', 0.02),"
+        " SELECT 'flow.run', 'flow', jsonb_build_object('k', 'k' || (i - 1) / 12, 'sleep', 0.05),"
         "        'k' || (i - 1) / 12"
         "   FROM generate_series(1, %s) AS i",
         (n,),
     )
     _slow_claims(conn, schema, 0.005)
-    # 8 slots per process: any one claim could take all the queue's room.
-    with fleet(pg_dsn, schema, "--concurrency", "8"):
+    # 4 slots per process: the queue's limit of 8 is reached only by processes running at once.
+    with fleet(pg_dsn, schema, "--concurrency", "4"):
         wait_until(lambda: _done(conn, schema, "flow") == n, timeout=45, interval=0.2)
     per_key = _max_overlap(conn, schema, "k")
     per_queue = _max_overlap(conn, schema, "queue")
     assert len(per_key) == 50
     assert max(per_key.values()) == 2, per_key
-    assert sum(1 for v in per_key.values() if v == 2) >= 25, per_key  # reached by most keys
+    assert sum(1 for v in per_key.values() if v == 2) >= 5, per_key  # reached, and not once
     assert per_queue == {"flow": 8}
     pids = conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.runs").fetchone()
     assert pids is not None and pids[0] >= 2  # several processes shared the limits
@@ -399,7 +399,7 @@ def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
     """An operator limits queue "q" to 2 running and 10 starts per second (Python API); of its 3
     tasks, 2 are claimed under the limit. `worker status` (text and JSON), `worker limits`, the
     status page and /metrics all show the limits, 2 running and 1 waiting."""
-    assert worker.set_queue_limits(pg_dsn, "q", concurrency=2, rate="10/s", schema=schema)
+    assert worker.set_queue_limits(pg_dsn, "q", concurrency=2, rate="10/min", schema=schema)
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 3)"
     )
@@ -410,10 +410,10 @@ def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
     assert got == (2,)
     text = run_cli("status", "--dsn", pg_dsn, "--schema", schema)
     assert text.returncode == 0, text.stderr
-    assert re.search(r"^q +2 +- +10/s +- +2 +1 +python$", text.stdout, re.M), text.stdout
+    assert re.search(r"^q +2 +- +10/min +- +2 +1 +python$", text.stdout, re.M), text.stdout
     as_json = run_cli("limits", "--json", "--dsn", pg_dsn, "--schema", schema)
     (entry,) = json.loads(as_json.stdout)["limits"]
-    assert entry["concurrency"] == 2 and entry["rate"] == {"starts": 10, "seconds": 1.0}
+    assert entry["concurrency"] == 2 and entry["rate"] == {"starts": 10, "seconds": 60.0}
     assert (entry["running"], entry["waiting"], entry["recent_starts"]) == (2, 1, 2)
     server = serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0)
     try:
@@ -422,12 +422,12 @@ def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
         row = re.search(r'<tr data-limited="q">(.*?)</tr>', body)
         assert row is not None
         assert '<td data-col="running">2</td><td data-col="waiting">1</td>' in row[1]
-        assert "<td>10/s</td>" in row[1]
+        assert "<td>10/min</td>" in row[1]
         samples = scrape(server.url + "metrics")
     finally:
         server.stop()
     assert samples[("worker_queue_limit", (("kind", "concurrency"), ("queue", "q")))] == 2
-    assert samples[("worker_queue_limit", (("kind", "rate"), ("queue", "q")))] == 10
+    assert samples[("worker_queue_limit", (("kind", "rate"), ("queue", "q")))] == 10 / 60
     assert samples[("worker_queue_limited_running", (("queue", "q"),))] == 2
     assert samples[("worker_queue_limited_waiting", (("queue", "q"),))] == 1
 

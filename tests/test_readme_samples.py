@@ -1,15 +1,23 @@
 """The README's samples marked ``<!-- sample: FILE -->`` run as written: each is saved under its
 file name in a folder of its own and run in a child process (so their ``@worker.task`` names stay
 out of this process's registry), against a database of their own whose schema is the default
-``worker``, as a reader's would be."""
+``worker``, as a reader's would be. The shell block marked ``<!-- commands: first worker -->``
+runs as written too, in a fresh ``bash`` in that folder.
+
+Every ``python`` block of the README is a marked sample except the "Python API" listing, which
+is a list of signatures, not a program (``test_every_python_block_is_run``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +30,9 @@ from worker._migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 _SAMPLE = re.compile(r"<!-- sample: ([\w.]+) -->\n```python\n(.*?)```", re.DOTALL)
+_COMMANDS = re.compile(r"<!-- commands: ([\w ]+) -->\n```sh\n(.*?)```", re.DOTALL)
+# Sections owned by other work in progress whose samples are checked by their own tests.
+_NOT_SAMPLES = ("## Python API",)
 
 
 def samples() -> dict[str, str]:
@@ -30,12 +41,30 @@ def samples() -> dict[str, str]:
 
 def test_the_marked_samples_are_found() -> None:
     assert set(samples()) == {
+        "tasks.py",
+        "thumbnails.py",
+        "jobs.py",
         "shop.py",
         "test_shop.py",
         "billing.py",
         "produce_bills.py",
         "app.py",
+        "site_settings.py",
+        "orders.py",
+        "traced.py",
     }
+
+
+def test_every_python_block_is_run() -> None:
+    """A ```python block without a sample marker would be a promise nothing checks."""
+    text = (ROOT / "README.md").read_text()
+    unmarked = []
+    for match in re.finditer(r"^```python\n", text, re.M):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        section = text[: match.start()].rsplit("\n## ", 1)[-1].split("\n", 1)[0]
+        if not before.startswith("<!-- sample: ") and f"## {section}" not in _NOT_SAMPLES:
+            unmarked.append(f"{section}: {text[match.end() : match.end() + 60]!r}")
+    assert unmarked == []
 
 
 @pytest.fixture
@@ -54,10 +83,12 @@ def database(pg_dsn: str) -> Iterator[str]:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def run(folder: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run(
+    folder: Path, dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     for name, code in samples().items():
         (folder / name).write_text(code)
-    env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(folder)}
+    env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(folder), **(env or {})}
     return subprocess.run(
         [sys.executable, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120
     )
@@ -126,3 +157,199 @@ def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
     assert "welcome ada@example.com" in lines
     assert "welcome ping" in lines
     assert lines[-2:] == ["[('ada@example.com', 'done'), ('ping', 'done')]", "0"]
+
+
+def test_the_django_sample(tmp_path: Path, database: str) -> None:
+    """An order placed commits its task, a blocked one rolls it back; `manage.py worker_run`
+    (here `python -m django worker_run`, the same command without a manage.py) runs it, and
+    get_result() reads its return value."""
+    env = {"DJANGO_SETTINGS_MODULE": "site_settings"}
+    place = textwrap.dedent(
+        """
+        import django
+        django.setup()
+        import orders
+        print(orders.place_order(7, "ada@example.com"))
+        try:
+            orders.place_order(8, "eve@blocked.example")
+        except ValueError as exc:
+            print("refused:", exc)
+        """
+    )
+    out = run(tmp_path, database, "-c", place, env=env)
+    assert out.returncode == 0, out.stderr
+    first, refused = out.stdout.splitlines()
+    assert refused == "refused: blocked"
+    out = run(tmp_path, database, "-m", "django", "worker_run", "--burst", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "receipt for order 7 to ada@example.com" in out.stdout
+    read = "import django; django.setup(); import orders\n" + (
+        f"r = orders.send_receipt.get_result({first!r}); print(r.status, r.return_value)"
+    )
+    out = run(tmp_path, database, "-c", read, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "SUCCESSFUL {'sent_to': 'ada@example.com'}\n"
+    with psycopg.connect(database) as conn:
+        rows = conn.execute("SELECT task, payload FROM worker.tasks").fetchall()
+    assert rows == [("orders.send_receipt", {"args": [7, "ada@example.com"], "kwargs": {}})]
+
+
+def commands(name: str) -> str:
+    return dict(_COMMANDS.findall((ROOT / "README.md").read_text()))[name]
+
+
+def fake_venv(folder: Path) -> None:
+    """``.venv/bin/worker`` in the reader's folder: this interpreter's `worker`, as the README's
+    `pip install -e .` would have made it."""
+    script = folder / ".venv" / "bin" / "worker"
+    script.parent.mkdir(parents=True)
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m worker "$@"\n')
+    script.chmod(0o755)
+
+
+def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str) -> None:
+    """tasks.py and the shell block after it, in a fresh bash: the schema is there, the worker
+    started in the background runs the task (its handler calls the sample's smtp_send), and
+    `kill %1`'s signal stops it cleanly."""
+    for name, code in samples().items():
+        (tmp_path / name).write_text(code)
+    fake_venv(tmp_path)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA worker CASCADE")  # a reader's database has none yet
+    log = tmp_path / "shell.log"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORKER_DSN", "WORKER_SCHEMA", "PYTHONPATH")
+    }
+    with log.open("w") as out:
+        shell = subprocess.Popen(
+            ["bash", "-e", "-c", commands("first worker")],
+            cwd=tmp_path,
+            env={**env, "DATABASE_URL": database},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its background worker is in this process group
+        )
+    try:
+        assert shell.wait(timeout=60) == 0, log.read_text()
+        with psycopg.connect(database, autocommit=True) as conn:
+            # Its queue is "mail", or "default" when the enqueue came before the worker declared
+            # its routes (see "Which queue"): the worker serves both.
+            sql = "SELECT state::text FROM worker.tasks WHERE task = 'send_email'"
+            deadline = time.monotonic() + 30
+            while conn.execute(sql).fetchall() != [("done",)]:
+                assert time.monotonic() < deadline, conn.execute(sql).fetchall()
+                time.sleep(0.05)
+    finally:
+        os.killpg(shell.pid, signal.SIGTERM)  # what `kill %1` sends
+    with psycopg.connect(database, autocommit=True) as conn:
+        sql = "SELECT count(*) FROM worker.workers WHERE stopped_at IS NULL"
+        deadline = time.monotonic() + 30
+        while conn.execute(sql).fetchone()[0]:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    text = log.read_text()
+    assert "applied" in text and "migration(s) to schema worker" in text
+    assert "mail to a@b.c: Welcome!" in text
+    assert re.search(r"^\d+$", text, re.M)  # the id `worker enqueue` printed
+    assert re.search(r"^queue\s+scheduled\s+queued", text, re.M)  # `worker status`
+    assert "Traceback" not in text
+
+
+def spawn_worker(folder: Path, dsn: str, module: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker", "run", module, "--processes", "1"],
+        cwd=folder,
+        env={**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(folder)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_results_sample(tmp_path: Path, database: str) -> None:
+    """`worker run thumbnails`, then `python thumbnails.py`: wait and the Waiter get the
+    handlers' return values."""
+    run(tmp_path, database, "-c", "pass")  # writes the samples
+    pool = spawn_worker(tmp_path, database, "thumbnails")
+    try:
+        out = run(tmp_path, database, "thumbnails.py")
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        pool.communicate(timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "{'url': 'https://cdn.example/cat.jpg', 'size': [128, 128]}",
+        "['https://cdn.example/a.jpg', 'https://cdn.example/b.jpg', 'https://cdn.example/c.jpg']",
+    ]
+
+
+def test_the_cron_and_locks_sample(tmp_path: Path, database: str) -> None:
+    out = run(tmp_path, database, "jobs.py")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "synced users\nsynced orders\n"
+    # The schedule is declared: `worker cron jobs` lists it with its next run.
+    out = run(tmp_path, database, "-m", "worker", "cron", "jobs")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^cleanup\s+\*/5 \* \* \* \*\s+UTC\s+cleanup\s+maintenance", out.stdout, re.M)
+
+
+def test_the_optional_tools_table_names_every_tool_the_tests_look_for() -> None:
+    """The README's table of tools (chromium, promtool, pgbouncer, ...) and the tests' skips
+    agree: each file a row names looks for that tool, and each tool a test looks for on the
+    PATH has a row naming that file."""
+    text = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\w[\w-]*) \| `apt-get install -y [\w-]+` \| (.*) \|$", text, re.M)
+    table = {tool: set(re.findall(r"`(tests/test_\w+\.py)`", where)) for tool, where in rows}
+    assert {"chromium", "promtool", "pgbouncer"} <= set(table)
+    looked_for: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for tool in re.findall(r'shutil\.which\("([\w-]+)"\)', path.read_text()):
+            tool = tool.removesuffix("-browser")
+            looked_for.setdefault(tool, set()).add(f"tests/{path.name}")
+    # A module that imports another's check (PGBOUNCER from test_pgbouncer) looks for it too.
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for module, names in re.findall(
+            r"^from (test_\w+) import ([^\n]+)", path.read_text(), re.M
+        ):
+            for tool, files in looked_for.items():
+                if f"tests/{module}.py" in files and tool.upper() in names:
+                    files.add(f"tests/{path.name}")
+    for tool, files in table.items():
+        assert files, tool
+        assert files <= looked_for.get(tool, set()), (tool, files - looked_for.get(tool, set()))
+    for tool, files in looked_for.items():
+        assert files <= table.get(tool, set()), f"README's table misses {tool} in {files}"
+
+
+def printed_spans(stdout: str) -> dict[str, dict]:
+    """The spans ConsoleSpanExporter printed (indented JSON objects among other output), by name."""
+    spans, pos, decoder = {}, 0, json.JSONDecoder()
+    while (start := stdout.find("{\n", pos)) != -1:
+        span, pos = decoder.raw_decode(stdout, start)
+        spans[span["name"]] = span
+    return spans
+
+
+def test_the_opentelemetry_sample(tmp_path: Path, database: str) -> None:
+    """The request's span parents the send span; the worker's process span (another process)
+    links to it, and the handler's span is a child of the process span."""
+    out = run(tmp_path, database, "traced.py")
+    assert out.returncode == 0, out.stderr
+    produced = printed_spans(out.stdout)
+    send, checkout = produced["send default"], produced["checkout"]
+    assert send["kind"] == "SpanKind.PRODUCER"
+    assert send["parent_id"] == checkout["context"]["span_id"]
+    out = run(
+        tmp_path, database, "-m", "worker", "run", "traced", "--otel", "--burst", "--processes", "1"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "shipping order 42" in out.stdout.splitlines()
+    consumed = printed_spans(out.stdout)
+    process, label = consumed["process default"], consumed["print label"]
+    assert process["kind"] == "SpanKind.CONSUMER"
+    assert [link["context"]["span_id"] for link in process["links"]] == [send["context"]["span_id"]]
+    assert process["links"][0]["context"]["trace_id"] == send["context"]["trace_id"]
+    assert label["parent_id"] == process["context"]["span_id"]
+    assert process["attributes"]["worker.task.outcome"] == "done"

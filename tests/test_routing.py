@@ -116,3 +116,54 @@ def test_vacuum_removes_dead_rows_and_backs_off_when_the_horizon_is_held(
     assert removed >= 4000 and dead() < 1000, (before, removed, dead())
     time.sleep(0.01)
     assert vac.tick(conn, 10_000) == 0  # nothing left worth a vacuum
+
+
+def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """A fruitless vacuum is not run again, however often the service looks, while the
+    transaction that made it fruitless is still open (each would read the whole table and its
+    indexes for nothing); once another transaction holds the horizon, it tries again."""
+    q = queries(schema)
+    vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0, max_backoff_seconds=0))
+
+    def vacuums() -> int:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = %s::regclass",
+            (f"{schema}.tasks",),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def hold() -> psycopg.Connection:
+        holder = psycopg.connect(pg_dsn)
+        holder.execute("SELECT txid_current()").fetchone()
+        return holder
+
+    holder = hold()
+    try:
+        worker.enqueue_many(conn, "t", ({"n": i} for i in range(5000)), schema=schema)
+        conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
+
+        def dead() -> int:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+                (f"{schema}.tasks",),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        wait_until(lambda: dead() >= 4000, timeout=10)
+        vac.tick(conn, 10_000)
+        wait_until(lambda: vacuums() == 1, timeout=10)
+        for _ in range(3):
+            vac.tick(conn, 10_000)
+        time.sleep(0.5)
+        assert vacuums() == 1
+        holder.close()
+        holder = hold()  # a later transaction: the horizon moves, not far enough to help
+        wait_until(lambda: dead() >= 4000, timeout=10)
+        vac.tick(conn, 10_000)
+        wait_until(lambda: vacuums() == 2, timeout=10)
+    finally:
+        holder.close()

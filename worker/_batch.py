@@ -98,14 +98,24 @@ class Batcher:
     # -- what wakes a claim --------------------------------------------------------------------
 
     def notified(self, payload: str | None) -> bool:
-        """A notification named these queues (comma-separated; empty or None: any queue).
-        Returns whether this worker serves any of them."""
-        if not payload:
+        """A notification named these queues (comma-separated; empty or None: any queue), with
+        the earliest run_at of its rows (schema/0015). A queue whose cursor is past that time is
+        read from its start next, as is every queue after a notification that names none (too
+        many names, or the listener reconnected and may have missed some). Returns whether this
+        worker serves any of the queues."""
+        names, earliest = tr.parse_notification(payload)
+        if names is None:
             self._hot.update(self.queues)
+            for name in self.cursor.placed():
+                self.cursor.reset(name)
             return True
-        names = self._served.intersection(payload.split(","))
-        self._hot.update(names)
-        return bool(names)
+        served = self._served.intersection(names)
+        self._hot.update(served)
+        if earliest is not None:
+            for name in served:
+                if self.cursor.passed(name, earliest):
+                    self.cursor.reset(name)
+        return bool(served)
 
     def mark(self, names: Sequence[str]) -> None:
         """These queues hold work (the maintenance thread's poll): read them next."""
@@ -219,6 +229,11 @@ class Batcher:
             self._promote_at = now + wait
             if promoted.count:
                 self._hot.update(self.queues)
+                # Rows due a while ago (promotion ran late) may sit behind this worker's cursor.
+                if promoted.earliest is not None:
+                    for name in promoted.queues:
+                        if self.cursor.passed(name, promoted.earliest):
+                            self.cursor.reset(name)
         if now >= self._limits_at:
             # Which of our queues have limits: once a second, so that an operator's change
             # holds fleet-wide within a second (one probe of a small table per second, not per

@@ -12,6 +12,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from . import _hooks
 from ._conn import Target, borrow
 from ._limits import key_of
 from ._payload import to_json
@@ -94,8 +95,13 @@ def _enqueue_params(
         "priority": priority,
         "max_attempts": _check_max_attempts(max_attempts),
         "dedupe_key": dedupe_key,
+        "trace_context": None,  # set by a producer observer (see _hooks.producers)
         "limit_key": _key(definition, payload, stored, limit_key),
     }
+
+
+def _carrier(send: _hooks.Send) -> Jsonb | None:
+    return Jsonb(send.carrier) if send.carrier else None
 
 
 def _key(definition: TaskDef | None, payload: Any, stored: Any, given: str | None) -> str | None:
@@ -132,6 +138,15 @@ def enqueue(
     params = _enqueue_params(
         task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key, limit_key
     )
+    if _hooks.producers:
+        with _hooks.sending(_hooks.Send(params["task"], params["queue"], False, count=1)) as send:
+            params["trace_context"] = _carrier(send)
+            send.task_id = _insert(target, schema, params)
+            return send.task_id
+    return _insert(target, schema, params)
+
+
+def _insert(target: Target, schema: str, params: dict[str, Any]) -> int:
     with borrow(target) as conn:
         row = conn.execute(_statement(schema, params), params).fetchone()
     assert row is not None
@@ -156,6 +171,17 @@ async def enqueue_async(
     params = _enqueue_params(
         task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key, limit_key
     )
+    if _hooks.producers:
+        with _hooks.sending(_hooks.Send(params["task"], params["queue"], False, count=1)) as send:
+            params["trace_context"] = _carrier(send)
+            send.task_id = await _insert_async(target, schema, params)
+            return send.task_id
+    return await _insert_async(target, schema, params)
+
+
+async def _insert_async(
+    target: psycopg.AsyncConnection | AsyncConnectionPool, schema: str, params: dict[str, Any]
+) -> int:
     if isinstance(target, AsyncConnectionPool):
         async with target.connection() as conn:
             cur = await conn.execute(_statement(schema, params), params)
@@ -184,11 +210,43 @@ def enqueue_many(
     COPY is several times faster than INSERT for bulk loads and sends one NOTIFY in all. It cannot
     return ids or honour dedupe keys; use ``enqueue`` for those.
     """
+    name, definition = _resolve(task)
+    queue = queue or _default_queue(definition)
+    args = (
+        target,
+        name,
+        definition,
+        payloads,
+        queue,
+        run_at,
+        delay,
+        priority,
+        max_attempts,
+        schema,
+    )
+    if _hooks.producers:
+        with _hooks.sending(_hooks.Send(name, queue, True)) as send:
+            send.count = _copy(*args, send.carrier)
+            return send.count
+    return _copy(*args, None)
+
+
+def _copy(
+    target: Target,
+    name: str,
+    definition: TaskDef | None,
+    payloads: Iterable[Any],
+    queue: str | None,
+    run_at: datetime | None,
+    delay: float | timedelta | None,
+    priority: int,
+    max_attempts: int | None,
+    schema: str,
+    carrier: dict[str, str] | None,
+) -> int:
     when, seconds = _when(run_at, delay)
     q = queries(schema)
-    name, definition = _resolve(task)
-    row_tail: tuple[Any, ...] = (queue or _default_queue(definition), priority)
-    row_tail += (_check_max_attempts(max_attempts),)
+    row_tail: tuple[Any, ...] = (queue, priority, _check_max_attempts(max_attempts))
     # One transaction: the delay counts from the same now() as the rows' created_at.
     with borrow(target) as conn, conn.transaction(), conn.cursor() as cur:
         if seconds is not None:
@@ -198,10 +256,14 @@ def enqueue_many(
         if when is not None:
             row_tail += (when,)
         # Without run_at the column's default applies: the database's now(), not this clock.
+        statement = q["enqueue_copy"] if when is None else q["enqueue_copy_at"]
         keyed = definition is not None and definition.limit_key is not None
-        statement = q[
-            ("enqueue_copy" if when is None else "enqueue_copy_at") + ("_keyed" if keyed else "")
-        ]
+        if keyed:  # a key per row (schema/0014), after the trace context (NULL when none)
+            row_tail += (json.dumps(carrier) if carrier else None,)
+            statement = q["enqueue_copy_keyed" if when is None else "enqueue_copy_at_keyed"]
+        elif carrier:  # every row carries the context of the one batch send (schema/0013)
+            row_tail += (json.dumps(carrier),)
+            statement = q["enqueue_copy_traced" if when is None else "enqueue_copy_at_traced"]
         with cur.copy(statement) as copy:
             count = _copy_rows(copy, name, definition, payloads, row_tail, keyed=keyed)
     return count

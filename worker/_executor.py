@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import _hooks
 from ._errors import Cancelled, DoNotRetry
 from ._job import Job, Outcome, format_error
 from ._registry import Context, TaskDef
@@ -169,6 +170,10 @@ class Executor:
         start = time.perf_counter()
         outcome = Outcome(job.token, ok=True)
         payload = job.payload  # decoded by the main thread at dispatch (see Worker._dispatch)
+        # Run observers (tracing, see _hooks) cost one truth test here and one below when none
+        # is registered.
+        observed = _hooks.start_runs(job) if _hooks.runs else None
+        failure: BaseException | None = None
         try:
             if d.transactional:
                 self._transactional(job)  # stores its own result (see Worker)
@@ -198,7 +203,9 @@ class Executor:
                     outcome.result = encode_result(value, self._max_result_bytes)
         except (DoNotRetry, Cancelled) as exc:
             outcome.ok, outcome.permanent, outcome.error = False, True, format_error(exc)
+            failure = exc
         except asyncio.CancelledError as exc:
+            failure = exc
             outcome.ok, outcome.permanent = False, job.cancel_requested
             outcome.error = (
                 "Cancelled: the handler was cancelled at a cancel request"
@@ -206,6 +213,7 @@ class Executor:
                 else format_error(exc)
             )
         except TimeoutError as exc:
+            failure = exc
             outcome.ok = False
             outcome.error = (
                 f"TimeoutError: handler ran longer than its timeout of {d.timeout:g}s"
@@ -214,7 +222,12 @@ class Executor:
             )
         except BaseException as exc:  # a handler's SystemExit must not kill the worker
             outcome.ok, outcome.error = False, format_error(exc)
+            failure = exc
         outcome.duration = time.perf_counter() - start
+        if observed:
+            _hooks.end_runs(observed, job, outcome, failure)
+        # As ``except ... as`` does: no cycle frame -> exception -> traceback -> frame is left.
+        failure = None
         return outcome
 
 

@@ -13,12 +13,18 @@ its process is killed at the worst moment, buffers them and acts in those three 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ._job import Job, Outcome
     from ._registry import TaskDef
     from ._transitions import Claimed
+
+log = logging.getLogger("worker")
 
 
 class Hooks:
@@ -86,3 +92,76 @@ def emit(event: str, **fields: Any) -> None:
     for listener in list(_listeners):
         with contextlib.suppress(Exception):
             listener(event, **fields)
+
+
+# -- tracing: a producer's context carried with its row, an observer around each run -------------
+#
+# The core knows no tracing library. It keeps two lists that an integration (worker.contrib.otel)
+# fills, and consults each with one truth test: a process that registers nothing builds no
+# object and makes no call per enqueue or per run.
+
+
+@dataclass(slots=True)
+class Send:
+    """One enqueue call (``batch``: enqueue_many) as a producer observer sees it.
+
+    On entering its context an observer may add entries to ``carrier`` (for OpenTelemetry, the
+    W3C ``traceparent``/``tracestate``): they are stored with the row(s) as JSON (column
+    ``trace_context``, schema/0013). On leaving it reads what the call came to: the task id
+    (single enqueue), how many rows were written (``count``), or the exception.
+    """
+
+    task: str
+    queue: str | None  # None: the database routes the row (schema/0006)
+    batch: bool
+    carrier: dict[str, str] = field(default_factory=dict)
+    task_id: int | None = None
+    count: int = 0
+
+
+class RunObserver(Protocol):
+    """Told about each run of a handler, on the runner thread that runs it.
+
+    ``start`` is called just before the handler (so a span it makes current is the parent of the
+    handler's own spans) and returns a token; ``end`` gets that token, the outcome as the runner
+    made it and the exception the handler raised, if any. Neither may raise into the worker: the
+    executor logs and drops their errors.
+    """
+
+    def start(self, job: Job) -> Any: ...
+
+    def end(self, token: Any, job: Job, outcome: Outcome, exc: BaseException | None) -> None: ...
+
+
+producers: list[Callable[[Send], AbstractContextManager[Any]]] = []
+runs: list[RunObserver] = []
+
+
+@contextlib.contextmanager
+def sending(send: Send) -> Iterator[Send]:
+    """Enter every producer observer around one enqueue (called only when ``producers``)."""
+    with contextlib.ExitStack() as stack:
+        for observe in list(producers):
+            stack.enter_context(observe(send))
+        yield send
+
+
+def start_runs(job: Job) -> list[tuple[RunObserver, Any]]:
+    """Called by a runner only when ``runs`` is not empty."""
+    started = []
+    for observer in list(runs):
+        try:
+            started.append((observer, observer.start(job)))
+        except Exception:
+            log.exception("run observer %r failed to start", observer)
+    return started
+
+
+def end_runs(
+    started: list[tuple[RunObserver, Any]], job: Job, outcome: Outcome, exc: BaseException | None
+) -> None:
+    for observer, token in reversed(started):
+        try:
+            observer.end(token, job, outcome, exc)
+        except Exception:
+            log.exception("run observer %r failed to end", observer)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -31,6 +32,13 @@ log = logging.getLogger("worker")
 
 # Bounds how long one maintenance statement may hold the thread up (a vacuum gets longer).
 _STATEMENT_TIMEOUT_MS = 10_000
+
+# A rescue pass starts this far before the previous one began (see Maintenance.rescue), and
+# walks the whole lease index at least this often.
+_RESCUE_OVERLAP = timedelta(seconds=10)
+_FULL_RESCUE_SECONDS = 30.0
+# The cursor probe's spacing while notifications arrive (see _run).
+_RELAXED_PROBE_SECONDS = 30.0
 
 # Runs a transaction whose events the worker's hooks hear (see Worker.counted).
 Counted = Callable[[psycopg.Connection], contextlib.AbstractContextManager[None]]
@@ -62,6 +70,7 @@ class Maintenance:
         cron: Ticker | None,
         probe: Callable[[psycopg.Connection], None] | None = None,
         probe_seconds: float = 1.0,
+        notified: Callable[[], bool] = lambda: False,
         vacuum: Vacuumer | None = None,
         prepare: bool = True,
     ) -> None:
@@ -76,8 +85,11 @@ class Maintenance:
         # here rather than on the claim path.
         self._probe = probe
         self._probe_seconds = probe_seconds
+        self._notified = notified  # whether notifications for new rows reach us right now
         self._vacuum = vacuum
         self._prepare = prepare
+        self._rescue_floor: datetime | None = None
+        self._full_rescue_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Bounds how long one statement may hold maintenance up (and the hooks lock, for rescue).
@@ -132,7 +144,13 @@ class Maintenance:
                     # entries the claim avoids, more of them each second: spaced by its own cost,
                     # it never takes more than about 2% of a database core.
                     spent = time.monotonic() - began
-                    due["probe"] = now + max(self._probe_seconds, 50 * spent)
+                    if self._notified():
+                        # Notifications name the earliest run_at of new rows (schema/0015), so
+                        # late rows reset the cursor at once: the probe is only a safety net.
+                        gap = max(_RELAXED_PROBE_SECONDS, 500 * spent)
+                    else:
+                        gap = max(self._probe_seconds, 50 * spent)
+                    due["probe"] = now + gap
                 if self._vacuum is not None and now >= due["vacuum"]:
                     self._vacuum.tick(self._conn.get(), _STATEMENT_TIMEOUT_MS)
                     due["vacuum"] = now + self._vacuum.interval
@@ -156,19 +174,34 @@ class Maintenance:
     # -- the services ------------------------------------------------------------------------------
 
     def rescue(self) -> int:
-        """Rows whose lease ran out go back to queued (or failed when out of attempts)."""
+        """Rows whose lease ran out go back to queued (or failed when out of attempts).
+
+        A pass reads the lease index from a little before this worker's last complete pass began
+        (by the database clock): a lease that ran out before then was there for that pass to
+        see. A full pass, from the oldest lease, runs first and then now and then (spaced by its
+        own cost, like the probe), for rows a pass skipped because their owner held them locked
+        at that instant and then kept them."""
         total = 0
         conn = self._conn.get()
+        began = time.monotonic()
+        full = began >= self._full_rescue_at
+        started = conn.execute(self.q["db_now"]).fetchone()[0]
+        since = None if full else self._rescue_floor
         while True:
             with self._counted(conn):
-                rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch)
+                rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch, since=since)
                 if rows:
                     self._on_rescued(rows)
             if rows:
                 log.warning("rescued %d task(s) whose lease expired", len(rows))
             total += len(rows)
             if len(rows) < self.config.rescue_batch or self._stop.is_set():
-                return total
+                break
+        self._rescue_floor = started - _RESCUE_OVERLAP
+        if full:
+            spent = time.monotonic() - began
+            self._full_rescue_at = began + max(_FULL_RESCUE_SECONDS, 50 * spent)
+        return total
 
     def purge(self) -> int:
         cfg = self.config

@@ -242,6 +242,11 @@ class Registry:
     def get(self, name: str) -> TaskDef | None:
         return self._tasks.get(name)
 
+    def why_missing(self, name: str) -> str | None:
+        """Why ``get(name)`` found nothing, when there is more to say than "not registered": a
+        registry that loads handlers on demand (worker.contrib.django) says what failed."""
+        return None
+
     def names(self) -> list[str]:
         return sorted(self._tasks)
 

@@ -5,13 +5,16 @@ concept; every other change of a task's state is here.
 
 Every function here runs one statement for a whole batch of tasks; none is called per task on the
 hot path. All of them fence on (worker id, attempt): a worker can only move rows it still owns.
+
+Over 500 lines on purpose: the project keeps every Python write to a task's state in this one
+module (the claim of limited queues, schema/0014, included), so that one file shows them all.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +29,8 @@ ERROR_HISTORY = 10
 ERROR_HISTORY_CHARS = 2000
 _HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
 _EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 # The cursor of a fresh scan: before any possible (-priority, run_at, id).
 _CURSOR_START: tuple[int, datetime, int] = (
     -(10**9),
@@ -47,6 +52,8 @@ class Claimed:
     created_at: datetime
     claimed_at: datetime
     xid: str = ""  # the claiming transaction's id (see _journal)
+    # The producer's trace context as JSON text, or None (schema/0013; read by worker.contrib.otel)
+    trace_context: str | None = None
 
 
 @dataclass(slots=True)
@@ -100,6 +107,14 @@ class ClaimCursor:
         recent.extend((r.run_at, r.id) for r in rows if r.priority == last.priority)
         self._last[queue] = (-last.priority, last.run_at, last.id)
 
+    def passed(self, queue: str, earliest: int) -> bool:
+        """Whether a row with this run_at (microseconds since the epoch) may lie behind the floor
+        of ``queue``, where the next claim would not find it."""
+        if queue not in self._last:
+            return False
+        floor = self.position(queue)[1]
+        return earliest <= (floor - _EPOCH) // _MICROSECOND
+
     def reset(self, queue: str) -> None:
         self._last.pop(queue, None)
         self._recent.pop(queue, None)
@@ -113,13 +128,32 @@ class ClaimCursor:
 class Promoted:
     count: int
     next_due_in: float | None  # seconds until the next scheduled row is due, by the db clock
+    queues: list[str] = field(default_factory=list)  # where rows went (up to 50 queues)
+    earliest: int | None = None  # the earliest run_at among them, microseconds since the epoch
 
 
 def promote(conn: psycopg.Connection, q: Queries, *, limit: int, channel: str) -> Promoted:
     """scheduled -> queued for due rows, and when the next one is due."""
     row = conn.execute(q["promote"], {"limit": limit, "channel": channel}).fetchone()
     assert row is not None
-    return Promoted(int(row[0]), None if row[2] is None else float(row[2]))
+    return Promoted(
+        int(row[0]), None if row[2] is None else float(row[2]), list(row[3] or ()), row[4]
+    )
+
+
+def parse_notification(payload: str | None) -> tuple[list[str] | None, int | None]:
+    """The queues a new-rows notification names (None: every queue) and the earliest run_at of
+    its rows in microseconds since the epoch, when it says (schema/0015)."""
+    if not payload:
+        return None, None
+    names = payload.split(",")
+    earliest = None
+    if names[-1].startswith("\x1e"):
+        try:
+            earliest = int(names.pop()[1:])
+        except ValueError:
+            earliest = None
+    return names, earliest
 
 
 def make_due(conn: psycopg.Connection, q: Queries, *, until: datetime) -> int:
@@ -363,10 +397,11 @@ def worker_died(
 
 
 def rescue(
-    conn: psycopg.Connection, q: Queries, *, limit: int = 1000
+    conn: psycopg.Connection, q: Queries, *, limit: int = 1000, since: datetime | None = None
 ) -> list[tuple[int, str, str, str]]:
-    """Expired in_progress -> queued or failed. Returns (id, queue, task, new state) per row."""
-    rows = conn.execute(q["rescue"], {"limit": limit, **_HISTORY}).fetchall()
+    """Expired in_progress -> queued or failed, of the rows whose lease ran out at ``since`` or
+    later (None: all). Returns (id, queue, task, new state) per row."""
+    rows = conn.execute(q["rescue"], {"limit": limit, "since": since, **_HISTORY}).fetchall()
     return [tuple(r) for r in rows]  # type: ignore[misc]
 
 

@@ -45,6 +45,7 @@ class Vacuumer:
         self._wait_until = 0.0
         self._backoff = 0.0
         self._disabled = False
+        self._stuck_at: str | None = None  # the horizon (vacuum_horizon) of a fruitless vacuum
 
     @property
     def interval(self) -> float:
@@ -70,6 +71,12 @@ class Vacuumer:
                 dead,
             )
             return 0
+        horizon = conn.execute(self.q["vacuum_horizon"]).fetchone()
+        oldest = horizon[0] if horizon else None
+        if oldest is not None and oldest == self._stuck_at:
+            # The transaction that kept the last vacuum from removing rows is still there: a
+            # vacuum now would read the whole table and indexes again, for nothing.
+            return 0
         lock = {"class": VACUUM_LOCK_CLASS, "key": self._key}
         got = conn.execute(self.q["vacuum_try_lock"], lock).fetchone()
         if not got or not got[0]:
@@ -86,12 +93,15 @@ class Vacuumer:
         left = int(after[0] or 0) if after else 0
         removed = max(dead - left, 0)
         if left > dead // 2:
-            # Little came off: something holds the horizon back. Try again later, not soon.
+            # Little came off: something holds the horizon back. Try again later, not soon, and
+            # not at all while the same transaction holds it.
+            self._stuck_at = oldest
             self._backoff = min(max(self._backoff * 2, 30.0), cfg.max_backoff_seconds)
             log.warning(
                 "vacuumed the task table in %.1fs but %d of %d dead rows remain: a long "
                 "transaction, prepared transaction or replication slot may hold the xmin "
-                "horizon back (see pg_stat_activity); next try in %.0fs",
+                "horizon back (see pg_stat_activity, or run `worker doctor`); next try once "
+                "that has ended, and not before %.0fs",
                 took,
                 left,
                 dead,
@@ -99,6 +109,7 @@ class Vacuumer:
             )
         else:
             self._backoff = 0.0
+            self._stuck_at = None
             log.info("vacuumed the task table: %d dead rows removed in %.1fs", removed, took)
         self._wait_until = time.monotonic() + self._backoff
         return removed

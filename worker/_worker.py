@@ -78,7 +78,8 @@ class Worker:
         hooks: Hooks | None = None,
     ) -> None:
         self.config = config
-        self.registry = tasks or registry
+        # "is None", not "or": a registry that loads handlers on demand starts out empty (falsy).
+        self.registry = registry if tasks is None else tasks
         self.hooks = hooks or Hooks()
         self.id = config.worker_id or os.environ.get(WORKER_ID_ENV) or str(uuid.uuid4())
         self.q = queries(config.schema)
@@ -172,6 +173,7 @@ class Worker:
             # Never offer a slot older than cron rows are kept: a purged slot could run again.
             cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
             probe=self._probe,
+            notified=lambda: self.listener is not None and self.listener.connected,
             vacuum=Vacuumer(self.q, config.schema),
             prepare=config.prepare,
         )
@@ -580,10 +582,11 @@ class Worker:
                 # Not this worker's to fail: an older worker in a rolling deploy, or a typo. The
                 # row goes back uncounted, later each time, until a worker that has it comes.
                 known = ", ".join(self.registry.names()) or "none"
+                why = self.registry.why_missing(c.task) or f"known: {known[:1000]}"
                 name = display(c.task)
                 error = (
                     f"UnknownTask: no handler named '{name}' in worker {self.id[:8]} "
-                    f"(known: {known[:1000]}); handed back without counting the attempt, until "
+                    f"({why}); handed back without counting the attempt, until "
                     "a worker that has the handler takes it"
                 )
                 job.state = State.RUNNING

@@ -54,9 +54,9 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA :"schema" FROM PUBLIC;
 -- The producer.
 GRANT USAGE ON SCHEMA :"schema" TO :"producer_role";
 GRANT EXECUTE ON FUNCTION
-    :"schema".enqueue(text, jsonb, text, timestamptz, integer, integer, text)
+    :"schema".enqueue(text, jsonb, text, timestamptz, integer, integer, text, jsonb)
     TO :"producer_role";
-GRANT INSERT (task, payload, queue, priority, run_at, max_attempts, dedupe_key)
+GRANT INSERT (task, payload, queue, priority, run_at, max_attempts, dedupe_key, trace_context)
     ON :"schema".tasks TO :"producer_role";
 GRANT SELECT (id, dedupe_key, state) ON :"schema".tasks TO :"producer_role";
 GRANT USAGE ON SEQUENCE :"schema".tasks_id_seq TO :"producer_role";

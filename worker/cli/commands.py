@@ -12,9 +12,10 @@ import psycopg
 
 from .. import _admin, _limits, _pause
 from .._admin import STATES, status
-from .._config import redact
+from .._config import dsn_source_from_env, redact
 from .._enqueue import enqueue
 from .._migrate import migrate
+from .._sql import queries
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
 from . import limits as limits_cli
@@ -271,15 +272,37 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 
 def cmd_embedded(args: argparse.Namespace) -> int:
-    server = EmbeddedPostgres(default_data_dir())
+    data_dir = default_data_dir()
+    server = EmbeddedPostgres(data_dir)
     if args.action == "stop":
+        if server.is_running():
+            _warn_attached_workers(server.dsn)
         server.stop()
-        print(f"stopped the embedded PostgreSQL in {default_data_dir()}")
+        print(f"stopped the embedded PostgreSQL in {data_dir}")
     elif args.action == "start":
         print(server.start())
     else:
-        print(f"{'running' if server.is_running() else 'stopped'}: {default_data_dir()}")
+        print(f"{'running' if server.is_running() else 'stopped'}: {data_dir}")
     return 0
+
+
+def _warn_attached_workers(dsn: str) -> None:
+    """One line on stderr when worker processes are connected: stopping the server leaves them
+    retrying their connection (their tasks come back once it runs again and leases lapse)."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            rows = conn.execute(queries("worker")["embedded_attached_workers"]).fetchall()
+    except psycopg.Error:
+        return  # stopping is still the right thing to do; pg_ctl says what it finds
+    if rows:
+        total = sum(n for _, n in rows)
+        where = ", ".join(f"{n} on database {safe(db)}" for db, n in rows)
+        print(
+            f"worker: warning: {total} worker process(es) are attached ({where}); they will "
+            "retry their connections until the server runs again: stop them first "
+            "(Ctrl-C or SIGTERM) to end them cleanly",
+            file=sys.stderr,
+        )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -287,4 +310,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    return demo.main(args, resolve_dsn(args.dsn))
+    embedded = not args.dsn and dsn_source_from_env() is None
+    return demo.main(args, resolve_dsn(args.dsn), embedded=embedded)

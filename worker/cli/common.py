@@ -22,7 +22,7 @@ from .._config import dsn_source_from_env, parse_dsn, redact, remember_secret, s
 from .._errors import ConfigError
 from .._migrate import require_schema
 from .._sql import validate_schema_name
-from ..dev.embedded import EmbeddedError, default_data_dir, ensure_embedded
+from ..dev.embedded import EmbeddedError, EmbeddedPostgres, default_data_dir
 from .text import CELL_LIMIT, LINE_LIMIT, SafeFormatter, bounded, safe
 
 log = logging.getLogger("worker")
@@ -78,6 +78,23 @@ def seconds_in(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
+def rate_in(low: float, high: float) -> Callable[[str], float]:
+    """A flag type: a number of tasks per second from ``low`` to ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected tasks per second, got {text!r}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected {low:g} to {high:g} tasks per second, got {text}"
+            )
+        return value
+
+    return parse
+
+
 def text_up_to(limit: int) -> Callable[[str], str]:
     """A flag type: 1 to ``limit`` characters, none of them NUL (a text column cannot hold it)."""
 
@@ -101,8 +118,19 @@ def schema_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+# Commands that only read: without a DSN they use the embedded server if it is running, and
+# say so if it is not, rather than creating or starting one to show an empty queue.
+READ_ONLY_COMMANDS = frozenset({"status", "doctor", "wait", "cron", "locks"})
+
+
 def connect(args: argparse.Namespace) -> psycopg.Connection:
-    return connect_dsn(resolve_dsn(args.dsn, quiet=getattr(args, "json", False)))
+    quiet = getattr(args, "json", False)
+    return connect_dsn(resolve_dsn(args.dsn, quiet=quiet, start=starts(args)))
+
+
+def starts(args: argparse.Namespace) -> bool:
+    """Whether this command may start (or create) the embedded server."""
+    return getattr(args, "command", None) not in READ_ONLY_COMMANDS
 
 
 def require(conn: psycopg.Connection, schema: str) -> None:
@@ -215,22 +243,36 @@ def checked_dsn(dsn: str, source: str) -> str:
     return dsn
 
 
-def resolve_dsn(explicit: str | None, *, quiet: bool = False) -> str:
-    """--dsn, then WORKER_DSN or DATABASE_URL, then the embedded server (started on demand)."""
+def resolve_dsn(explicit: str | None, *, quiet: bool = False, start: bool = True) -> str:
+    """--dsn, then WORKER_DSN or DATABASE_URL, then the embedded server: started (created on
+    first use) when ``start``, else only if it is already running. One line on stderr says which
+    server and what was done to it, unless ``quiet`` (JSON output)."""
     if explicit:
         return checked_dsn(explicit, "--dsn")
     found = dsn_source_from_env()
     if found:
         return checked_dsn(*found)
     data_dir = default_data_dir()
+    server = EmbeddedPostgres(data_dir)
     try:
-        dsn = ensure_embedded(data_dir)
+        if not start and not server.is_running():
+            raise CliError(
+                f"no DSN given, and the embedded PostgreSQL in {data_dir} is not running: "
+                "start it with `worker embedded start` (or `worker migrate`, `worker run`, "
+                "`worker demo`), or give --dsn or WORKER_DSN",
+                1,
+            )
+        dsn = server.start()
     except EmbeddedError as exc:
         raise ConfigError(str(exc)) from None
     remember_secret(dsn)
     if not quiet:
+        done = {"created": "created it now", "started": "started it now"}.get(
+            server.last_start or "", "already running"
+        )
         print(
-            f"worker: no DSN given; using the embedded PostgreSQL in {data_dir} ({redact(dsn)})",
+            f"worker: no DSN given; using the embedded PostgreSQL in {data_dir} ({done}), "
+            f"{redact(dsn)}",
             file=sys.stderr,
         )
     return dsn

@@ -30,6 +30,7 @@ from .common import (
     Parser,
     database_error,
     int_in,
+    rate_in,
     schema_name,
     scrub,
     seconds,
@@ -130,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=3600.0,
         help="seconds to keep done rows (0: delete on completion; default 3600)",
+    )
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="trace every run with OpenTelemetry (needs the otel extra; also WORKER_OTEL=1)",
     )
     p.add_argument(
         "--store-results",
@@ -235,9 +241,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("demo", parents=[common], help="run a worker with a demo producer")
-    p.add_argument("--tasks", type=int_in(1, 1_000_000), default=2000, help="how many demo tasks")
+    p = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="a worker pool, a steady producer, a cron job and the console, until Ctrl-C",
+    )
+    p.add_argument(
+        "--tasks",
+        type=int_in(1, 1_000_000),
+        default=None,
+        help="enqueue this many tasks at once and exit when they have settled",
+    )
     p.add_argument("--processes", type=int_in(1, MAX_PROCESSES), default=2)
+    p.add_argument(
+        "--rate",
+        type=rate_in(0.1, 10_000),
+        default=20.0,
+        help="tasks enqueued per second until Ctrl-C (default 20)",
+    )
+    p.add_argument(
+        "--port",
+        type=int_in(1, 65535),
+        default=None,
+        help="the console's port (default 9187, or a free one when it is taken)",
+    )
     p.set_defaults(func=cmd_demo)
 
     cron.add_cli(sub, common)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -40,6 +41,8 @@ RUN_DSN_ENV = "WORKER_RUN_DSN"
 # The console's token (its actions are off without one). Never a flag: a command line is
 # readable by every user of the machine.
 CONSOLE_TOKEN_ENV = "WORKER_CONSOLE_TOKEN"
+# Same as --otel (children of a supervisor get the flag with their command line anyway).
+OTEL_ENV = "WORKER_OTEL"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -50,6 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.dsn = args.dsn or os.environ.pop(RUN_DSN_ENV, None)
     args.console_token = _console_token(args)
     import_tasks(args.module)
+    if args.otel or _env_flag(OTEL_ENV):
+        _instrument()  # after the import: the tasks module may set up its tracer provider
     if len(registry) == 0:
         raise CliError(
             f"module {args.module!r} registered no tasks (decorate handlers with @worker.task)", 2
@@ -151,6 +156,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         _write_report(args.report, worker)
     return code
+
+
+def _env_flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise CliError(f"{name} must be 1 or 0 (true/false), not {value[:40]!r}", 2)
+
+
+def _instrument() -> None:
+    """Turn on worker.contrib.otel, imported only here: a worker run without --otel never loads
+    OpenTelemetry."""
+    try:
+        otel = importlib.import_module("worker.contrib.otel")
+    except ImportError as exc:
+        raise CliError(
+            f"--otel needs OpenTelemetry: pip install 'worker[otel]' ({exc.name} is missing)", 2
+        ) from None
+    otel.instrument()
 
 
 def _warn_unknown_queues(args: argparse.Namespace) -> None:

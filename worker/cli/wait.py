@@ -13,7 +13,7 @@ from typing import Any
 from .. import _wait
 from .._errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
 from .bulk import TASK_ID
-from .common import CliError, connect_dsn, require, resolve_dsn, seconds_in
+from .common import CliError, connect_dsn, require, resolve_dsn, seconds_in, starts
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 3
@@ -25,7 +25,7 @@ def _print(data: Any) -> None:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    dsn = resolve_dsn(args.dsn, quiet=args.json)
+    dsn = resolve_dsn(args.dsn, quiet=args.json, start=starts(args))
     with connect_dsn(dsn) as conn:
         require(conn, args.schema)
     try:

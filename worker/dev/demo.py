@@ -1,4 +1,9 @@
-"""`worker demo`: a worker pool and a producer on one database, until the demo tasks settle.
+"""`worker demo`: a worker pool, a producer and the operator console on one database.
+
+Without ``--tasks`` it runs until Ctrl-C (or SIGTERM): a producer enqueues at a steady rate,
+some tasks fail once and retry, one in a hundred fails for good, a cron job runs every 5
+seconds, and one line sums up this run. With ``--tasks N`` it enqueues N tasks at once and exits
+when they have settled (the form the tests and scripts use).
 
 It uses its own schema (worker_demo by default) so it never mixes with real queues.
 """
@@ -11,35 +16,63 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from .._admin import status
-from .._config import redact
+from .._config import scrub
 from .._enqueue import enqueue, enqueue_many
 from .._migrate import migrate
+from .._sql import queries
 from .._supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
+from .pginstall import _pick_free_port, _port_is_free
+
+DEFAULT_CONSOLE_PORT = 9187
+_TTY_EVERY = 1.0  # seconds between updates of the summary line on a terminal
+_LOG_EVERY = 5.0  # ... and between summary lines when stdout is a file or a pipe
 
 
-def main(args: argparse.Namespace, dsn: str) -> int:
+def main(args: argparse.Namespace, dsn: str, *, embedded: bool = False) -> int:
     """``worker demo``; the CLI resolves the DSN (flag, environment or embedded server)."""
     schema = args.schema if args.schema != "worker" else "worker_demo"
-    print(f"demo: database {redact(dsn)}, schema {schema}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn, schema)
-        pool = subprocess.Popen(
+        if args.tasks is not None:
+            print(f"demo: schema {schema}, {args.processes} worker processes, {args.tasks} tasks")
+            with _Pool(dsn, schema, args.processes, "worker.dev.demo_tasks", [], "WARNING") as pool:
+                return _settle(conn, schema, args.tasks, pool.proc)
+        try:
+            return _live(conn, dsn, schema, args, embedded)
+        except psycopg.OperationalError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"\ndemo: lost the database ({scrub(first)}); stopped", file=sys.stderr)
+            return 1
+
+
+class _Pool:
+    """``worker run`` in a child process, in a session of its own so that a terminal's Ctrl-C
+    reaches the demo only, which passes on one SIGTERM (two would mean "stop at once")."""
+
+    def __init__(
+        self, dsn: str, schema: str, processes: int, module: str, extra: list[str], log_level: str
+    ) -> None:
+        self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "worker",
                 "run",
-                "worker.dev.demo_tasks",
+                module,
                 "--schema",
                 schema,
                 "--processes",
-                str(args.processes),
+                str(processes),
                 "--log-level",
-                "WARNING",
+                log_level,
+                *extra,
             ],
             # The DSN goes through the environment (argv is public), and the pool stops with
             # the demo, however the demo ends (PARENT_*: see _supervisor.die_with_parent).
@@ -49,36 +82,160 @@ def main(args: argparse.Namespace, dsn: str) -> int:
                 PARENT_PID_ENV: str(os.getpid()),
                 PARENT_SIGNAL_ENV: "SIGTERM",
             },
-            # Its own session: a terminal's Ctrl-C reaches the demo only, which passes on one
-            # SIGTERM (two signals would tell the pool to stop at once instead of gracefully).
             start_new_session=True,
         )
 
-        def forward(signum: int, _frame: object) -> None:
-            if pool.poll() is None:
-                pool.send_signal(signal.SIGTERM)
-            raise KeyboardInterrupt
+    def __enter__(self) -> _Pool:
+        return self
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
-            return _produce_and_watch(conn, schema, args.tasks, pool)
-        except KeyboardInterrupt:
-            print("demo: stopping the worker pool", file=sys.stderr)
-            return 130
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            if pool.poll() is None:
-                pool.send_signal(signal.SIGTERM)
-            try:
-                pool.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                pool.kill()
+            self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
-def _produce_and_watch(
-    conn: psycopg.Connection, schema: str, n: int, pool: subprocess.Popen[bytes]
+class _Stop:
+    """SIGINT and SIGTERM ask the demo to stop; the loop notices within a tenth of a second.
+    Nothing is raised from the handler, so no statement or enqueue is cut in half."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stop:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, _signum: int, _frame: object) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _console_port(wanted: int | None) -> int:
+    if wanted is not None:
+        return wanted
+    return DEFAULT_CONSOLE_PORT if _port_is_free(DEFAULT_CONSOLE_PORT) else _pick_free_port()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _live(
+    conn: psycopg.Connection, dsn: str, schema: str, args: argparse.Namespace, embedded: bool
 ) -> int:
+    q = queries(schema)
+    after = conn.execute(q["demo_last_id"]).fetchone()[0]
+    port = _console_port(args.port)
+    begun = time.monotonic()
+    with _Stop() as stop:
+        extra = ["--metrics-port", str(port), "--grace", "5"]
+        # ERROR: a task failing for good is in the summary line; a log line would break it.
+        with _Pool(dsn, schema, args.processes, "worker.dev.demo_live", extra, "ERROR") as pool:
+            url = f"http://127.0.0.1:{port}/"
+            while not _answers(url + "healthz"):
+                if pool.proc.poll() is not None:
+                    print(
+                        f"demo: the worker pool exited with {pool.proc.returncode}", file=sys.stderr
+                    )
+                    return 1
+                if stop.requested:
+                    break
+                time.sleep(0.1)
+            print(
+                f"demo: schema {schema}, {args.processes} worker processes, {args.rate:g} tasks a "
+                f"second, a cron job every 5 s. Console: {url}console/ (Ctrl-C stops)",
+                flush=True,
+            )
+            start = time.monotonic()  # the steady rate starts once the workers are up
+            code = _produce(conn, schema, args.rate, after, pool, stop, start)
+        # The pool has stopped: the last line counts what it finished.
+        summary = _summary(conn, schema, after, time.monotonic() - begun)
+    _show(summary, final=True)
+    hint = (
+        " The embedded PostgreSQL keeps running (`worker embedded stop` stops it)."
+        if embedded
+        else ""
+    )
+    print(f"demo: stopped.{hint} See this run with `worker status --schema {schema}`.")
+    return code
+
+
+def _produce(
+    conn: psycopg.Connection,
+    schema: str,
+    rate: float,
+    after: int,
+    pool: _Pool,
+    stop: _Stop,
+    start: float,
+) -> int:
+    sent = 0
+    shown = 0.0
+    every = _TTY_EVERY if sys.stdout.isatty() else _LOG_EVERY
+    while not stop.requested:
+        now = time.monotonic()
+        due = int((now - start) * rate) + 1
+        while sent < due and not stop.requested:
+            _enqueue_one(conn, schema, sent)
+            sent += 1
+        if pool.proc.poll() is not None:
+            print(f"\ndemo: the worker pool exited with {pool.proc.returncode}", file=sys.stderr)
+            return 1
+        if now - shown >= every:
+            shown = now
+            _show(_summary(conn, schema, after, now - start), final=False)
+        time.sleep(min(0.1, max(0.0, (sent / rate) - (time.monotonic() - start))))
+    return 0
+
+
+def _enqueue_one(conn: psycopg.Connection, schema: str, i: int) -> None:
+    """Four in five resize an image; one in five sends an email, a quarter of which fail once
+    (and succeed on retry), and one in a hundred tasks has a bad address and fails for good."""
+    if i % 5:
+        enqueue(conn, "demo.resize_image", {"image": i}, queue="media", schema=schema)
+        return
+    to = "not-an-address" if i % 100 == 95 else f"user{i}@example.com"
+    enqueue(conn, "demo.send_email", {"to": to, "flaky": i % 20 == 0}, schema=schema)
+
+
+def _summary(conn: psycopg.Connection, schema: str, after: int, elapsed: float) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(queries(schema)["demo_summary"], {"after": after}).fetchone()
+    assert row is not None
+    return {"elapsed": elapsed, **row}
+
+
+def _show(s: dict[str, Any], *, final: bool) -> None:
+    line = (
+        f"demo: {s['elapsed']:.0f}s, {s['enqueued']} enqueued, {s['done']} done, "
+        f"{s['retried']} retried, {s['failed']} failed, {s['running']} running, "
+        f"{s['waiting']} waiting, {s['cron_runs']} cron runs, {s['workers']} workers"
+    )
+    if sys.stdout.isatty():
+        # One line, rewritten in place; the final one stays.
+        sys.stdout.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
+        sys.stdout.flush()
+    else:
+        print(line, flush=True)
+
+
+def _settle(conn: psycopg.Connection, schema: str, n: int, pool: subprocess.Popen[bytes]) -> int:
     start = time.monotonic()
     images = int(n * 0.9)
     enqueue_many(
@@ -101,8 +258,24 @@ def _produce_and_watch(
         f"demo: enqueued {n} tasks ({images} by COPY, the rest one by one with dedupe keys);"
         " one has a bad address and will fail for good"
     )
+    with _Stop() as stop:
+        return _wait_settled(conn, schema, n, pool, stop, start)
+
+
+def _wait_settled(
+    conn: psycopg.Connection,
+    schema: str,
+    n: int,
+    pool: subprocess.Popen[bytes],
+    stop: _Stop,
+    start: float,
+) -> int:
     while True:
-        time.sleep(1)
+        for _ in range(10):
+            if stop.requested:
+                print("demo: stopping the worker pool", file=sys.stderr)
+                return 130
+            time.sleep(0.1)
         if pool.poll() is not None:
             print(f"demo: the worker pool exited with {pool.returncode}", file=sys.stderr)
             return 1

@@ -85,6 +85,9 @@ class EmbeddedPostgres:
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.durable = durable
         self._install: _Install | None = None
+        # What the last start() did: "running" (found it up), "started" or "created". The CLI
+        # says it in its one line about the server; the log says it only at DEBUG.
+        self.last_start: str | None = None
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres({str(self.data_dir)!r}, durable={self.durable})"
@@ -302,7 +305,8 @@ class EmbeddedPostgres:
                 f"{self.data_dir} is not empty and holds no PostgreSQL cluster: remove it or "
                 "set WORKER_EMBEDDED_DIR to another folder"
             )
-        log.info("creating embedded PostgreSQL cluster in %s", self.data_dir)
+        log.debug("creating embedded PostgreSQL cluster in %s", self.data_dir)
+        self.last_start = "created"
         done = self._run(
             [
                 str(install.bin_dir / "initdb"),
@@ -370,7 +374,9 @@ class EmbeddedPostgres:
     def _start_locked(self) -> str:
         port = self._running_port()
         if port is not None:
+            self.last_start = "running"
             return _dsn(port)
+        self.last_start = "started"
         install = self._bins()
         user = _run_as_user()
         self._prepare_dirs(user, install)
@@ -391,7 +397,7 @@ class EmbeddedPostgres:
                 if attempt == 2:
                     raise
                 continue
-            log.info("embedded PostgreSQL running on 127.0.0.1:%d (%s)", port, self.data_dir)
+            log.debug("embedded PostgreSQL running on 127.0.0.1:%d (%s)", port, self.data_dir)
             return _dsn(port)
         raise AssertionError("unreachable")
 
@@ -494,7 +500,7 @@ class EmbeddedPostgres:
                 log_path=self.log_path,
             )
         self._wait_gone()
-        log.info("embedded PostgreSQL in %s stopped", self.data_dir)
+        log.debug("embedded PostgreSQL in %s stopped", self.data_dir)
 
     def _wait_gone(self, timeout: float = 10.0) -> None:
         # pg_ctl -w returns once postmaster.pid is gone; the process may linger a moment
@@ -532,11 +538,15 @@ def _cause(log_tail: str) -> str:
 
 
 def default_data_dir() -> Path:
-    """``$WORKER_EMBEDDED_DIR``, else ``./.worker/pgdata``: per project, like a venv."""
+    """``$WORKER_EMBEDDED_DIR``, else ``$XDG_DATA_HOME/worker/pgdata`` (``~/.local/share`` when
+    XDG_DATA_HOME is unset or not absolute, as the XDG spec says): one server per user, so every
+    folder and every venv of that user finds the same queue."""
     configured = os.environ.get("WORKER_EMBEDDED_DIR")
     if configured:
         return Path(configured).expanduser().absolute()
-    return Path.cwd() / ".worker" / "pgdata"
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "worker" / "pgdata"
 
 
 def ensure_embedded(data_dir: Path | None = None) -> str:

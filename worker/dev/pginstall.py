@@ -152,7 +152,7 @@ class _RunAs:
             want |= self._class_bit(st, stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
         if st.st_mode & want != want:
             mode = stat.S_IMODE(st.st_mode) | want
-            log.info("chmod %o %s so %s can use it", mode, path, self.name)
+            log.debug("chmod %o %s so %s can use it", mode, path, self.name)
             os.chmod(path, mode)
 
 
@@ -185,7 +185,7 @@ def _create_user(name: str) -> pwd.struct_passwd:
 
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
     argv = [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
-    log.info("creating system user %s to run the embedded PostgreSQL as", name)
+    log.debug("creating system user %s to run the embedded PostgreSQL as", name)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
     except OSError as exc:
@@ -237,7 +237,7 @@ def _ensure_readable_tree(root: Path, user: _RunAs) -> None:
 
 
 def _chown_tree(root: Path, user: _RunAs) -> None:
-    log.info("handing %s to user %s", root, user.name)
+    log.debug("handing %s to user %s", root, user.name)
     for dirpath, dirnames, filenames in os.walk(root):
         for name in (*dirnames, *filenames):
             os.lchown(Path(dirpath) / name, user.uid, user.gid)

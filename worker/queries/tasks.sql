@@ -8,7 +8,8 @@
 SELECT {schema}.enqueue(
     task => %(task)s, payload => %(payload)s, queue => %(queue)s,
     run_at => coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s
+    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s,
+    trace_context => %(trace_context)s
 ) AS id;
 
 -- name: enqueue_keyed
@@ -17,7 +18,7 @@ SELECT {schema}.enqueue_keyed(
     task => %(task)s, payload => %(payload)s, queue => %(queue)s,
     run_at => coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
     priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s,
-    limit_key => %(limit_key)s
+    trace_context => %(trace_context)s, limit_key => %(limit_key)s
 ) AS id;
 
 -- name: enqueue_copy
@@ -29,12 +30,24 @@ COPY {schema}.tasks (task, payload, queue, priority, max_attempts) FROM STDIN;
 -- The same, for rows that run at a given time (a delay was added to delayed_until first).
 COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at) FROM STDIN;
 
+-- name: enqueue_copy_traced
+-- enqueue_copy with the producer's trace context (schema/0013), when tracing is on.
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, trace_context) FROM STDIN;
+
+-- name: enqueue_copy_at_traced
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, trace_context)
+FROM STDIN;
+
 -- name: enqueue_copy_keyed
--- Bulk enqueue of a task that declares a key for per-key limits (schema/0014).
-COPY {schema}.tasks (task, payload, queue, priority, max_attempts, limit_key) FROM STDIN;
+-- Bulk enqueue of a task that declares a key for per-key limits (schema/0014); the trace context
+-- (schema/0013) is NULL when tracing is off.
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, trace_context, limit_key)
+FROM STDIN;
 
 -- name: enqueue_copy_at_keyed
-COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, limit_key) FROM STDIN;
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, trace_context,
+                     limit_key)
+FROM STDIN;
 
 -- name: delayed_until
 -- A delay counts from the database's clock, not the producer's.
@@ -44,7 +57,8 @@ SELECT now() + make_interval(secs => %(delay)s) AS run_at;
 -- Scheduled rows that are due become claimable. Any worker runs this (no leader): SKIP LOCKED keeps
 -- concurrent promoters on different rows. It runs in the claiming transaction, just before the
 -- claim, which therefore sees the rows it promoted. It says how many it promoted, in which queues
--- (to wake the workers of other queues), and how long until the next scheduled row is due.
+-- (to wake the workers of other queues, with the earliest run_at as the insert trigger gives it:
+-- schema/0015), and how long until the next scheduled row is due.
 WITH due AS (
     SELECT id
       FROM {schema}.tasks
@@ -57,18 +71,26 @@ WITH due AS (
     UPDATE {schema}.tasks AS t
        SET state = 'queued'
      WHERE t.id = ANY(ARRAY(SELECT id FROM due))
-    RETURNING t.queue
+    RETURNING t.queue, t.run_at
 ), names AS (
-    SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n
-      FROM (SELECT queue, count(*) AS n FROM moved GROUP BY queue LIMIT 50) AS g
+    SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n,
+           array_agg(queue) AS queues,
+           coalesce(bool_or(strpos(queue, ',') > 0 OR strpos(queue, chr(30)) > 0), false) AS odd,
+           (extract(epoch FROM min(earliest)) * 1000000)::bigint AS earliest
+      FROM (SELECT queue, count(*) AS n, min(run_at) AS earliest FROM moved
+             GROUP BY queue LIMIT 50) AS g
 )
 SELECT coalesce(names.n, 0) AS promoted,
        CASE WHEN names.n > 0
-            THEN pg_notify(%(channel)s, CASE WHEN octet_length(names.list) > 7000 THEN ''
-                                             ELSE names.list END)::text END AS notified,
+            THEN pg_notify(%(channel)s, CASE WHEN names.odd OR octet_length(names.list) > 7000
+                                             THEN ''
+                                             ELSE names.list || ',' || chr(30)
+                                                  || names.earliest::text END)::text END
+           AS notified,
        extract(epoch FROM (SELECT min(run_at) FROM {schema}.tasks
                             WHERE state = 'scheduled' AND run_at > now()) - now())::float8
-           AS next_due_in
+           AS next_due_in,
+       names.queues, names.earliest
   FROM names;
 
 -- name: make_due
@@ -163,7 +185,10 @@ RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, 
           CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END AS created_at,
           now() AS claimed_at,
           -- For the metrics journal (worker/_journal.py): saves it a round trip per batch.
-          pg_current_xact_id()::text AS xid;
+          pg_current_xact_id()::text AS xid,
+          -- The producer's trace context (schema/0013): NULL unless a traced producer wrote it,
+          -- as text for the same reason as the payload.
+          t.trace_context::text AS trace_context;
 
 -- name: due_queues
 -- Of the given queues, those with a row ready to claim: one index probe each, no lock. The
@@ -410,11 +435,17 @@ RETURNING t.id, t.queue, t.task, t.state::text AS state;
 -- attempt that died was counted when it was claimed. SKIP LOCKED keeps concurrent rescuers apart.
 -- The error joins the history (see retry).
 -- A row someone asked to cancel (schema/0010) is not put back: it ends 'cancelled'.
+-- %(since)s (NULL: no bound) starts the walk a little before this worker's last complete pass:
+-- rows whose lease ran out earlier were there to take then. Without it, each pass would walk
+-- the dead entries that every finished task leaves in tasks_lease_idx, and those pile up by the
+-- hundred thousand while a long transaction elsewhere holds vacuum back. A full pass now and
+-- then (see Maintenance.rescue) takes what a pass skipped because its row was locked.
 WITH expired AS (
     SELECT id
       FROM {schema}.tasks
      WHERE state = 'in_progress'
        AND lease_expires_at < now()
+       AND lease_expires_at >= coalesce(%(since)s::timestamptz, '-infinity')
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED

@@ -10,6 +10,27 @@ SELECT s.n_dead_tup::bigint AS dead,
   JOIN pg_class AS c ON c.oid = s.relid
  WHERE s.relid = to_regclass(%(table)s);
 
+-- name: vacuum_horizon
+-- The oldest transaction id that keeps vacuum from removing rows (a session's snapshot or
+-- transaction, a prepared transaction, a replication slot), as text; NULL when none is seen.
+-- While it stays the same, a vacuum that removed little last time would remove little again.
+-- Sessions of other databases do not hold back the vacuum of this database's tables.
+SELECT x::text AS oldest
+  FROM (SELECT backend_xmin AS x FROM pg_stat_activity
+         WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+           AND datname = current_database()
+        UNION ALL
+        SELECT backend_xid FROM pg_stat_activity
+         WHERE backend_xid IS NOT NULL AND datname = current_database()
+        UNION ALL
+        SELECT transaction FROM pg_prepared_xacts WHERE database = current_database()
+        UNION ALL
+        SELECT xmin FROM pg_replication_slots WHERE xmin IS NOT NULL
+        UNION ALL
+        SELECT catalog_xmin FROM pg_replication_slots WHERE catalog_xmin IS NOT NULL) AS h
+ ORDER BY age(x) DESC
+ LIMIT 1;
+
 -- name: vacuum_try_lock
 -- One vacuuming process per schema across the fleet; the others skip this round.
 SELECT pg_try_advisory_lock(%(class)s, %(key)s) AS got;

@@ -1,0 +1,1 @@
+"""A minimal Django project for tests/test_django.py: its settings and its tasks."""
