@@ -340,11 +340,11 @@ def test_operators_change_limits_at_run_time_and_code_leaves_their_setting_alone
     with fleet(pg_dsn, schema, "--concurrency", "4", processes=2):
         wait_until(lambda: _max_overlap(conn, schema, "queue").get("open") == 8, timeout=20)
         marks = [_cli(pg_dsn, schema, "limits", "set", "open", "--concurrency", "2")]
-        time.sleep(2.5)
+        time.sleep(2.0)
         marks.append(_cli(pg_dsn, schema, "limits", "set", "open", "--concurrency", "5"))
-        time.sleep(2.5)
+        time.sleep(2.0)
         marks.append(_cli(pg_dsn, schema, "limits", "clear", "open"))
-        time.sleep(2.5)
+        time.sleep(2.0)
         marks.append((None, None))
         rows = conn.execute(
             f"SELECT queue, concurrency, rate, source FROM {schema}.queue_limits ORDER BY 1"
@@ -476,3 +476,28 @@ def test_priority_holds_inside_a_limit(schema: str, conn: psycopg.Connection) ->
         " ORDER BY priority DESC"
     ).fetchall()
     assert [r[0] for r in rows] == ["a-top", "c-high"]
+
+
+def test_a_slot_frees_when_its_lease_expires_before_rescue(
+    schema: str, conn: psycopg.Connection
+) -> None:
+    """A queue limited to 1 running, whose one running row (claimed under the limit) has a lease
+    that ran out and was not rescued yet: the claim does not count it, and takes the next row.
+    While the lease holds, it counts. A row without a key in a queue with per-key limits is
+    claimed too."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 1, key_concurrency => 1)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+        " lease_expires_at, limit_held, limit_key) VALUES ('dead', 'q', 'in_progress', 1,"
+        " gen_random_uuid(), now() - interval '1 minute', now() + interval '1 minute', true, 'a')"
+    )
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('next', 'q')")
+    claim = (
+        f"SELECT task FROM {schema}.claim_limited('q', gen_random_uuid(), 5, 30, '{{}}', '{{}}')"
+    )
+    assert conn.execute(claim).fetchall() == []  # the lease holds: the slot is taken
+    conn.execute(
+        f"UPDATE {schema}.tasks SET lease_expires_at = now() - interval '1 second'"
+        " WHERE task = 'dead'"
+    )
+    assert conn.execute(claim).fetchall() == [("next",)]
