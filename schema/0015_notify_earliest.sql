@@ -26,9 +26,9 @@ BEGIN
       FROM (SELECT queue AS q, min(run_at) AS e FROM inserted WHERE state = 'queued'
              GROUP BY queue LIMIT 50) AS d;
     IF names IS NOT NULL THEN
-        IF odd OR octet_length(names) > 7000 THEN
-            -- "Look at every queue" (a name holding a comma cannot be listed): workers then
-            -- read each queue, from its start.
+        IF odd OR octet_length(names) > 7000 OR NOT isfinite(earliest) THEN
+            -- "Look at every queue" (a name holding a comma cannot be listed, a run_at of
+            -- -infinity has no number): workers then read each queue, from its start.
             names := '';
         ELSE
             names := names || ',' || chr(30)

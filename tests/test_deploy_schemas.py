@@ -1,6 +1,7 @@
 """deploy/ checked against the schemas of what reads it, beyond parsing: the Kubernetes manifests
 against the Kubernetes API's JSON schemas (kubernetes-validate ships them), the KEDA objects
-against a strict schema of KEDA's CRDs (tests/schemas/keda-v2.json), the compose file against the
+against KEDA's CRD schemas (cloudcoil.models.keda ships them, as models generated from the CRDs;
+checked strictly here), the compose file against the
 compose specification (check-jsonschema ships it), and every series the Grafana dashboard and
 the alert rules query against the names the code exports. Nothing is downloaded.
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cloudcoil.models.keda.v1alpha1 as keda
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -48,8 +50,27 @@ def kube_errors(doc: dict[str, Any]) -> list[str]:
     return []
 
 
+def _strict(node: Any) -> Any:
+    """Every object of the schema with declared properties refuses others, as the API server
+    does with `kubectl apply --validate=strict` (maps such as a trigger's metadata declare
+    `additionalProperties` themselves and keep it)."""
+    if isinstance(node, dict):
+        if "properties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for value in node.values():
+            _strict(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strict(value)
+    return node
+
+
 def keda_errors(doc: dict[str, Any]) -> list[str]:
-    schema = json.loads((ROOT / "tests" / "schemas" / "keda-v2.json").read_text())
+    """Against the schema of the KEDA model generated from KEDA's CRD of that kind."""
+    model = getattr(keda, doc["kind"], None)
+    if model is None:
+        return [f"no KEDA kind {doc['kind']!r}"]
+    schema = _strict(model.model_json_schema(by_alias=True))
     return [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)]
 
 

@@ -251,7 +251,14 @@ def test_retry_rescue_purge_plans_use_no_table_scan(
             },
         )
     )
-    _no_seq_scan(_explain(conn, q["rescue"], {"limit": 1000, "history": 10, "history_chars": 2000}))
+    for since in (None, datetime.now(UTC)):
+        _no_seq_scan(
+            _explain(
+                conn,
+                q["rescue"],
+                {"limit": 1000, "history": 10, "history_chars": 2000, "since": since},
+            )
+        )
     _no_seq_scan(
         _explain(
             conn,

@@ -76,13 +76,15 @@ WITH due AS (
     SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n,
            array_agg(queue) AS queues,
            coalesce(bool_or(strpos(queue, ',') > 0 OR strpos(queue, chr(30)) > 0), false) AS odd,
-           (extract(epoch FROM min(earliest)) * 1000000)::bigint AS earliest
+           CASE WHEN isfinite(min(earliest))
+                THEN (extract(epoch FROM min(earliest)) * 1000000)::bigint END AS earliest
       FROM (SELECT queue, count(*) AS n, min(run_at) AS earliest FROM moved
              GROUP BY queue LIMIT 50) AS g
 )
 SELECT coalesce(names.n, 0) AS promoted,
        CASE WHEN names.n > 0
-            THEN pg_notify(%(channel)s, CASE WHEN names.odd OR octet_length(names.list) > 7000
+            THEN pg_notify(%(channel)s, CASE WHEN names.odd OR names.earliest IS NULL
+                                                  OR octet_length(names.list) > 7000
                                              THEN ''
                                              ELSE names.list || ',' || chr(30)
                                                   || names.earliest::text END)::text END
