@@ -154,3 +154,19 @@ def test_a_bad_flag_through_the_command() -> None:
     r = run_cli("bench", "--dsn", "postgresql://nowhere.invalid/db", "--light-rate", "-1")
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_the_limited_drains_are_reported_as_ratios_of_the_unlimited_drain(
+    report: dict[str, Any],
+) -> None:
+    """The drains under a non-binding concurrency limit and rate limit (schema/0014)."""
+    lim = report["limits"]
+    for kind in ("concurrency", "rate"):
+        d = lim[kind]
+        assert d["drain_per_s"] > 0
+        assert len(d["all_ratios"]) == report["rounds"]
+        # (the rates are rounded to whole tasks per second, the ratio is not)
+        assert d["ratio"] == pytest.approx(d["drain_per_s"] / report["drain_per_s"], abs=0.002)
+        assert d["all_ratios"] == [d["ratio"]]
+    met = lim["concurrency"]["ratio"] >= 0.7 and lim["rate"]["ratio"] >= 0.7
+    assert lim["target_met"] is met

@@ -52,6 +52,7 @@ def test_the_marked_samples_are_found() -> None:
         "site_settings.py",
         "orders.py",
         "traced.py",
+        "api_limits.py",
     }
 
 
@@ -353,3 +354,24 @@ def test_the_opentelemetry_sample(tmp_path: Path, database: str) -> None:
     assert process["links"][0]["context"]["trace_id"] == send["context"]["trace_id"]
     assert label["parent_id"] == process["context"]["span_id"]
     assert process["attributes"]["worker.task.outcome"] == "done"
+
+
+def test_the_limits_sample(tmp_path: Path, database: str) -> None:
+    """The flow-control sample: its producer writes each task's key, and its worker records the
+    limits the code declares and runs both tasks."""
+    out = run(tmp_path, database, "api_limits.py")
+    assert out.returncode == 0, out.stderr
+    args = ("-m", "worker", "run", "api_limits", "--burst", "--processes", "1")
+    out = run(tmp_path, database, *args, env={"PYTHONUNBUFFERED": "1"})
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == ["called for acme", "synced globex"], out
+    with psycopg.connect(database) as conn:
+        keys = conn.execute(
+            "SELECT limit_key, state::text FROM worker.tasks ORDER BY limit_key"
+        ).fetchall()
+        limits = conn.execute(
+            "SELECT queue, concurrency, key_concurrency, key_rate, key_rate_seconds, source"
+            " FROM worker.queue_limits ORDER BY queue"
+        ).fetchall()
+    assert keys == [("acme", "done"), ("globex", "done")]
+    assert limits == [("api", None, 2, 10, 1.0, "code"), ("reports", 4, None, None, None, "code")]

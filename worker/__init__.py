@@ -25,10 +25,17 @@ from ._errors import (
     WaitTimeout,
     WorkerError,
 )
+from ._limits import (
+    Limits,
+    QueueLimits,
+    clear_queue_limits,
+    queue_limits,
+    set_queue_limits,
+)
 from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
 from ._migrate import migrate
 from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
-from ._registry import Context, Registry, TaskDef, registry, task
+from ._registry import Context, Registry, TaskDef, limit, registry, task
 from ._schedule import cron, load_schedules, schedule
 from ._wait import wait, wait_async
 from ._waiter import Waiter
@@ -43,11 +50,13 @@ __all__ = [
     "Context",
     "DoNotRetry",
     "ExclusiveLock",
+    "Limits",
     "LockLost",
     "LostLease",
     "Mutex",
     "PausedQueue",
     "PayloadError",
+    "QueueLimits",
     "Registry",
     "ResultError",
     "ResultNotSerializable",
@@ -66,19 +75,23 @@ __all__ = [
     "advisory_keys",
     "advisory_lock",
     "cancel",
+    "clear_queue_limits",
     "cron",
     "current_lock",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "exclusive",
+    "limit",
     "load_schedules",
     "migrate",
     "pause_queue",
     "paused_queues",
+    "queue_limits",
     "registry",
     "resume_queue",
     "schedule",
+    "set_queue_limits",
     "task",
     "wait",
     "wait_async",

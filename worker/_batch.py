@@ -9,8 +9,9 @@ states; this module only talks to the database and reads the answers.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -31,10 +32,15 @@ class Claim:
     queues: list[str]
     limit: int
     rows: list[tr.Claimed]
+    # Limited queues (see _limits): those read, with what each gave, and those not reached.
+    limited: dict[str, int] = field(default_factory=dict)
+    unlimited_rows: int | None = None  # rows of the unlimited queues (None: all of them)
 
 
 # Beyond this many queues, the poll asks which queues hold work before claiming (polls_all).
 MANY_QUEUES = 8
+# Seconds between two readings of which queues have limits (see Batcher.claim).
+LIMITS_REFRESH = 0.5
 # Rows promoted per statement; more wait for the next claim, which comes at once (see claim).
 PROMOTE_LIMIT = 1000
 
@@ -81,6 +87,13 @@ class Batcher:
         self._poll_at = 0.0  # monotonic time of the next claim over every queue
         self._promote_at = 0.0  # monotonic time of the next promotion
         self._turn = 0
+        # Queues with limits (schema/0014), claimed by claim_limited one at a time; the worker's
+        # maintenance thread refreshes this once a second (set_limited).
+        self.limited: set[str] = set()
+        self._held: set[str] = set()  # limited queues a concurrency limit held back
+        self._waiting: set[str] = set()  # limited queues a rate limit held back
+        self._limit_at = math.inf  # monotonic time when the rate limits allow the next start
+        self._limits_at = 0.0  # monotonic time to read again which queues are limited
 
     # -- what wakes a claim --------------------------------------------------------------------
 
@@ -108,6 +121,20 @@ class Batcher:
         """These queues hold work (the maintenance thread's poll): read them next."""
         self._hot.update(n for n in names if n in self._served)
 
+    def set_limited(self, names: Sequence[str]) -> None:
+        """These of our queues have limits now: a queue that changes side is read at once."""
+        names = set(names) & self._served
+        self._hot.update(names ^ self.limited)
+        self.limited = names
+        self._held &= names
+        self._waiting &= names
+
+    def freed(self) -> None:
+        """This worker finished tasks: limited queues held back by a concurrency limit may have
+        room now."""
+        self._hot.update(self._held)
+        self._held.clear()
+
     def polls_all(self) -> bool:
         """Whether the poll claims over every queue. A worker serving many queues leaves the
         poll to the maintenance thread instead (``tr.due_queues``, one index probe per queue,
@@ -116,11 +143,16 @@ class Batcher:
 
     def wants_claim(self, now: float) -> bool:
         """A queue may hold work, or it is time to poll or promote."""
-        return bool(self._hot) or now >= self._poll_at or now >= self._promote_at
+        return (
+            bool(self._hot)
+            or now >= self._poll_at
+            or now >= self._promote_at
+            or now >= self._limit_at
+        )
 
     def next_deadline(self) -> float:
-        """Monotonic time of the next poll or promotion, whichever comes first."""
-        return min(self._poll_at, self._promote_at)
+        """Monotonic time of the next poll, promotion or start a rate limit allows."""
+        return min(self._poll_at, self._promote_at, self._limit_at)
 
     # -- the statements ------------------------------------------------------------------------
 
@@ -152,6 +184,8 @@ class Batcher:
         ]
         kept: dict[int, str] = {}
         states: dict[int, str] = {}
+        if jobs and self._held:
+            self.freed()
         if done:
             kept = tr.complete(
                 conn, self.q, worker_id=self.worker_id, done=done, delete=self.delete_done
@@ -200,6 +234,16 @@ class Batcher:
                     for name in promoted.queues:
                         if self.cursor.passed(name, promoted.earliest):
                             self.cursor.reset(name)
+        if now >= self._limits_at:
+            # Which of our queues have limits: once a second, so that an operator's change
+            # holds fleet-wide within a second (one probe of a small table per second, not per
+            # claim; the claim of an unlimited queue never reads the limit tables).
+            self.set_limited(limited_queues(conn, self.q, self.queues))
+            self._limits_at = now + LIMITS_REFRESH
+        if now >= self._limit_at:
+            self._hot.update(self._waiting)
+            self._waiting.clear()
+            self._limit_at = math.inf
         if free <= 0 or not self._hot:
             return None
         n = len(self.queues)
@@ -207,17 +251,60 @@ class Batcher:
         self._turn += 1
         names = [name for name in order if name in self._hot]
         limit = min(self.batch_size, free)
-        rows = tr.claim(
-            conn,
-            self.q,
-            queues=names,
-            limit=limit,
-            worker_id=self.worker_id,
-            lease_seconds=self.lease_seconds,
-            cursor=self.cursor,
-            max_attempts=self.max_attempts,
-        )
-        return Claim(names, limit, rows)
+        if not self.limited:
+            rows = tr.claim(
+                conn,
+                self.q,
+                queues=names,
+                limit=limit,
+                worker_id=self.worker_id,
+                lease_seconds=self.lease_seconds,
+                cursor=self.cursor,
+                max_attempts=self.max_attempts,
+            )
+            return Claim(names, limit, rows)
+        return self._claim_mixed(conn, names, limit, now)
+
+    def _claim_mixed(
+        self, conn: psycopg.Connection, names: list[str], limit: int, now: float
+    ) -> Claim:
+        """The unlimited queues in one statement, as usual, then each limited queue in name order
+        (the order every worker takes their limit rows in: no deadlock) with what is left."""
+        plain = [name for name in names if name not in self.limited]
+        rows: list[tr.Claimed] = []
+        if plain:
+            rows = tr.claim(
+                conn,
+                self.q,
+                queues=plain,
+                limit=limit,
+                worker_id=self.worker_id,
+                lease_seconds=self.lease_seconds,
+                cursor=self.cursor,
+                max_attempts=self.max_attempts,
+            )
+        got = Claim(plain, limit, rows, unlimited_rows=len(rows))
+        for name in sorted(n for n in names if n in self.limited):
+            left = limit - len(got.rows)
+            if left <= 0:
+                break
+            result = tr.claim_limited(
+                conn,
+                self.q,
+                queue=name,
+                limit=left,
+                worker_id=self.worker_id,
+                lease_seconds=self.lease_seconds,
+                max_attempts=self.max_attempts,
+            )
+            got.rows.extend(result.rows)
+            got.limited[name] = len(result.rows)
+            if result.wait is not None:
+                self._waiting.add(name)
+                self._limit_at = min(self._limit_at, now + result.wait)
+            elif len(result.rows) < left:
+                self._held.add(name)
+        return got
 
     def committed(self, claim: Claim | None) -> bool:
         """After the commit: move the cursors and decide which queues stay hot. True when the
@@ -228,19 +315,31 @@ class Batcher:
         for row in claim.rows:  # in claim order within each queue
             by_queue.setdefault(row.queue, []).append(row)
         for name, rows in by_queue.items():
-            self.cursor.advance(name, rows)
-        full = len(claim.rows) >= claim.limit
+            if name not in claim.limited:
+                self.cursor.advance(name, rows)
+        plain = len(claim.rows) if claim.unlimited_rows is None else claim.unlimited_rows
+        full = plain >= claim.limit
         self._hot.difference_update(claim.queues)
         if full:
             # The statement stopped at the limit: the queues it reached may hold more, and the
             # ones after them were not read at all.
-            self._hot.update(claim.queues[max(0, claim.queues.index(claim.rows[-1].queue)) :])
+            last = claim.rows[plain - 1].queue
+            self._hot.update(claim.queues[max(0, claim.queues.index(last)) :])
+        if claim.unlimited_rows is not None:
+            # A limited queue that gave all it was asked may hold more; the others wait for a
+            # slot (freed), the window (_limit_at) or the poll. Those not reached stay hot.
+            self._hot.difference_update(claim.limited)
+            for name, count in claim.limited.items():
+                if count and name not in self._held and name not in self._waiting:
+                    self._hot.add(name)
+                    full = True
         return full
 
     def rolled_back(self, claim: Claim | None) -> None:
         """The transaction failed: read the same queues again next time."""
         if claim is not None:
             self._hot.update(claim.queues)
+            self._hot.update(claim.limited)
 
     def reset(self, names: Sequence[str]) -> None:
         """Rows committed behind the cursor of these queues (see tr.behind): read them from
@@ -249,6 +348,11 @@ class Batcher:
             self.cursor.reset(name)
             if name in self._served:
                 self._hot.add(name)
+
+
+def limited_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:
+    """Of ``queues``, those with limits (schema/0014)."""
+    return [r[0] for r in conn.execute(q["limited_queues"], {"queues": list(queues)}).fetchall()]
 
 
 def failure(job: Job) -> tr.Failure:

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import _hooks
 from ._conn import Target, borrow
+from ._limits import key_of
 from ._payload import to_json
 from ._registry import TaskDef, registry
 from ._sql import queries
@@ -80,12 +81,14 @@ def _enqueue_params(
     priority: int,
     max_attempts: int | None,
     dedupe_key: str | None,
+    limit_key: str | None = None,
 ) -> dict[str, Any]:
     when, seconds = _when(run_at, delay)
     name, definition = _resolve(task)
+    stored = _check_payload(name, definition, {} if payload is None else payload)
     return {
         "task": name,
-        "payload": Jsonb(_check_payload(name, definition, {} if payload is None else payload)),
+        "payload": Jsonb(stored),
         "queue": queue or _default_queue(definition),
         "run_at": when,
         "delay": seconds,
@@ -93,11 +96,27 @@ def _enqueue_params(
         "max_attempts": _check_max_attempts(max_attempts),
         "dedupe_key": dedupe_key,
         "trace_context": None,  # set by a producer observer (see _hooks.producers)
+        "limit_key": _key(definition, payload, stored, limit_key),
     }
 
 
 def _carrier(send: _hooks.Send) -> Jsonb | None:
     return Jsonb(send.carrier) if send.carrier else None
+
+
+def _key(definition: TaskDef | None, payload: Any, stored: Any, given: str | None) -> str | None:
+    """The task's key for per-key limits (schema/0014): the producer's, else the one the task
+    declares (``limit_key``: a field of the payload as stored, or a function of the payload as
+    given)."""
+    if given is not None:
+        return key_of(lambda _: given, None)
+    spec = None if definition is None else definition.limit_key
+    return key_of(spec, payload if callable(spec) else stored)
+
+
+def _statement(schema: str, params: dict[str, Any]) -> Any:
+    """A keyed task goes through enqueue_keyed (schema/0014), the others as before."""
+    return queries(schema)["enqueue" if params["limit_key"] is None else "enqueue_keyed"]
 
 
 def enqueue(
@@ -111,11 +130,13 @@ def enqueue(
     priority: int = 0,
     max_attempts: int | None = None,
     dedupe_key: str | None = None,
+    limit_key: str | None = None,
     schema: str = "worker",
 ) -> int:
-    """Enqueue one task and return its id (the existing task's id when ``dedupe_key`` matches)."""
+    """Enqueue one task and return its id (the existing task's id when ``dedupe_key`` matches).
+    ``limit_key``: the key per-key limits count it under (default: the task's declaration)."""
     params = _enqueue_params(
-        task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key
+        task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key, limit_key
     )
     if _hooks.producers:
         with _hooks.sending(_hooks.Send(params["task"], params["queue"], False, count=1)) as send:
@@ -127,7 +148,7 @@ def enqueue(
 
 def _insert(target: Target, schema: str, params: dict[str, Any]) -> int:
     with borrow(target) as conn:
-        row = conn.execute(queries(schema)["enqueue"], params).fetchone()
+        row = conn.execute(_statement(schema, params), params).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -143,11 +164,12 @@ async def enqueue_async(
     priority: int = 0,
     max_attempts: int | None = None,
     dedupe_key: str | None = None,
+    limit_key: str | None = None,
     schema: str = "worker",
 ) -> int:
     """``enqueue`` for asyncio applications: same statement, same transaction rules."""
     params = _enqueue_params(
-        task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key
+        task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key, limit_key
     )
     if _hooks.producers:
         with _hooks.sending(_hooks.Send(params["task"], params["queue"], False, count=1)) as send:
@@ -162,10 +184,10 @@ async def _insert_async(
 ) -> int:
     if isinstance(target, AsyncConnectionPool):
         async with target.connection() as conn:
-            cur = await conn.execute(queries(schema)["enqueue"], params)
+            cur = await conn.execute(_statement(schema, params), params)
             row = await cur.fetchone()
     else:
-        cur = await target.execute(queries(schema)["enqueue"], params)
+        cur = await target.execute(_statement(schema, params), params)
         row = await cur.fetchone()
     assert row is not None
     return int(row[0])
@@ -235,11 +257,15 @@ def _copy(
             row_tail += (when,)
         # Without run_at the column's default applies: the database's now(), not this clock.
         statement = q["enqueue_copy"] if when is None else q["enqueue_copy_at"]
-        if carrier:  # every row carries the context of the one batch send (schema/0013)
+        keyed = definition is not None and definition.limit_key is not None
+        if keyed:  # a key per row (schema/0014), after the trace context (NULL when none)
+            row_tail += (json.dumps(carrier) if carrier else None,)
+            statement = q["enqueue_copy_keyed" if when is None else "enqueue_copy_at_keyed"]
+        elif carrier:  # every row carries the context of the one batch send (schema/0013)
             row_tail += (json.dumps(carrier),)
             statement = q["enqueue_copy_traced" if when is None else "enqueue_copy_at_traced"]
         with cur.copy(statement) as copy:
-            count = _copy_rows(copy, name, definition, payloads, row_tail)
+            count = _copy_rows(copy, name, definition, payloads, row_tail, keyed=keyed)
     return count
 
 
@@ -249,17 +275,24 @@ def _copy_rows(
     definition: TaskDef | None,
     payloads: Iterable[Any],
     tail: tuple[Any, ...],
+    *,
+    keyed: bool = False,
 ) -> int:
     count = 0
     dumps = json.dumps
     model = None if definition is None else definition.payload
     for payload in payloads:
+        original = payload
         if model is not None or type(payload) is not dict:
             payload = to_json(task, payload, model)
         try:
             text = dumps({} if payload is None else payload)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"payload #{count} is not JSON-serialisable: {exc}") from None
-        copy.write_row((task, text, *tail))
+        if keyed:
+            assert definition is not None
+            copy.write_row((task, text, *tail, _key(definition, original, payload, None)))
+        else:
+            copy.write_row((task, text, *tail))
         count += 1
     return count

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import Cancelled
+from ._limits import Limits
 from ._payload import check_model
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class TaskDef:
     # (WorkerConfig.store_results, off by default).
     store_result: bool | None = None
     payload: type | None = None  # a dataclass or pydantic model: see _payload
+    # Per-key limits (see _limits): a payload field name or a function of the payload, applied
+    # by the producer when it enqueues (Python); SQL producers write tasks.limit_key.
+    limit_key: str | Callable[[Any], Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the decorated name calls the plain function, which keeps handlers testable."""
@@ -156,6 +160,26 @@ async def _wait(awaitable: Any) -> Any:
 class Registry:
     def __init__(self) -> None:
         self._tasks: dict[str, TaskDef] = {}
+        self.limits: dict[str, Limits] = {}  # declared per queue (see limit)
+
+    def limit(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        key_concurrency: int | None = None,
+        rate: str | tuple[int, float] | None = None,
+        key_rate: str | tuple[int, float] | None = None,
+    ) -> Limits:
+        """Declare ``queue``'s fleet-wide limits (see _limits.Limits); a worker serving the queue
+        records them when it starts, unless an operator has set the queue's limits."""
+        if not queue:
+            raise ValueError("queue must not be empty")
+        limits = Limits.of(
+            concurrency=concurrency, key_concurrency=key_concurrency, rate=rate, key_rate=key_rate
+        )
+        self.limits[queue] = limits
+        return limits
 
     def task(
         self,
@@ -168,6 +192,8 @@ class Registry:
         transactional: bool = False,
         store_result: bool | None = None,
         payload: type | None = None,
+        limit_key: str | Callable[[Any], Any] | None = None,
+        limits: Limits | None = None,
     ) -> Callable[[Callable[..., Any]], TaskDef]:
         if payload is not None:
             check_model(payload)
@@ -199,11 +225,16 @@ class Registry:
                 wants_context=wants_context,
                 store_result=store_result,
                 payload=payload,
+                limit_key=limit_key,
             )
             existing = self._tasks.get(task_name)
             if existing is not None and getattr(existing.fn, "handler", existing.fn) is not fn:
                 raise ValueError(f"task {task_name!r} is already registered")
             self._tasks[task_name] = definition
+            if limits is not None:
+                if limits.empty:
+                    raise ValueError("limits: give at least one limit")
+                self.limits[queue] = limits
             return definition
 
         return decorate
@@ -228,3 +259,4 @@ class Registry:
 
 registry = Registry()
 task = registry.task
+limit = registry.limit

@@ -5,6 +5,9 @@ concept; every other change of a task's state is here.
 
 Every function here runs one statement for a whole batch of tasks; none is called per task on the
 hot path. All of them fence on (worker id, attempt): a worker can only move rows it still owns.
+
+Over 500 lines on purpose: the project keeps every Python write to a task's state in this one
+module (the claim of limited queues, schema/0014, included), so that one file shows them all.
 """
 
 from __future__ import annotations
@@ -197,6 +200,43 @@ def claim(
     order = {name: i for i, name in enumerate(queues)}
     claimed.sort(key=lambda c: (order.get(c.queue, 0), -c.priority, c.run_at, c.id))
     return claimed
+
+
+@dataclass(slots=True)
+class LimitedClaim:
+    rows: list[Claimed]
+    wait: float | None  # a rate limit held work back: seconds until the next start is allowed
+
+
+def claim_limited(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    queue: str,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    max_attempts: Mapping[str, int] | None = None,
+) -> LimitedClaim:
+    """queued -> in_progress for what ``queue``'s limits allow of up to ``limit`` due rows
+    (schema/0014: claims of a limited queue take turns on its limit row, so they cannot together
+    exceed a limit), in claim order."""
+    limits = max_attempts or {}
+    rows = conn.execute(
+        q["claim_limited"],
+        {
+            "queue": queue,
+            "limit": limit,
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+            "handler_tasks": list(limits),
+            "handler_max_attempts": list(limits.values()),
+        },
+    ).fetchall()
+    claimed = [Claimed(*row[:11]) for row in rows if row[0] is not None]
+    waits = [float(row[11]) for row in rows if row[0] is None and row[11] is not None]
+    claimed.sort(key=lambda c: (-c.priority, c.run_at, c.id))
+    return LimitedClaim(claimed, min(waits) if waits else None)
 
 
 def due_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:

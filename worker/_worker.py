@@ -35,6 +35,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import _cancel
+from . import _limits as flow
 from . import _results as results
 from . import _transitions as tr
 from ._batch import Batcher, Claim, log_acknowledged
@@ -215,6 +216,9 @@ class Worker:
             conn = self._conn.get()
             if cfg.check_schema:
                 require_schema(conn, cfg.schema)
+            # Flow control (schema/0014): record the limits our code declares (the claims learn
+            # which queues are limited, see Batcher.claim).
+            flow.declare(conn, cfg.schema, self.registry.limits, by=f"worker {self.id[:8]}")
             conn.execute(
                 self.q["register"],
                 {
@@ -367,6 +371,9 @@ class Worker:
             if isinstance(item, Outcome):
                 with self._hooks_lock:  # hooks hear one thread at a time (see counted)
                     self._record(item)
+                # A slot of ours is free: a limited queue held back may have room now, and the
+                # claim that acknowledges this outcome reads it.
+                self.batcher.freed()
             elif item is _WAKE:
                 pass  # stop() wakes the loop; the loop reads the stop flag itself
             elif item[0] == "notify":
@@ -375,6 +382,7 @@ class Worker:
                 self.batcher.mark(item[1])
             elif item[0] == "behind":
                 self.batcher.reset(item[1])
+
             elif item[0] == "started":
                 self.table.started(*item[1:])
             elif item[0] == "lost":
@@ -615,6 +623,7 @@ class Worker:
         names = tr.behind(conn, self.q, self.batcher.cursor)
         if names:
             self._events.put(("behind", names))
+
         if not self.batcher.polls_all:
             due = tr.due_queues(conn, self.q, self.queues)
             if due:

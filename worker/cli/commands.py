@@ -10,7 +10,7 @@ from datetime import datetime
 
 import psycopg
 
-from .. import _admin, _pause
+from .. import _admin, _limits, _pause
 from .._admin import STATES, status
 from .._config import dsn_source_from_env, redact
 from .._enqueue import enqueue
@@ -18,6 +18,7 @@ from .._migrate import migrate
 from .._sql import queries
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from . import limits as limits_cli
 from .common import CliError, age, connect, print_json, require, resolve_dsn, table
 from .task import cmd_task
 from .text import LINE_LIMIT, safe
@@ -132,6 +133,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         require(conn, args.schema)
         st = status(conn, args.schema, failed_limit=args.failed)
         paused = {p.queue: p for p in _pause.paused(conn, args.schema)}
+        limited = _limits.list_limits(conn, args.schema)
     if args.json:
         print_json(
             {
@@ -140,6 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     {"queue": p.queue, "paused_at": p.paused_at, "paused_by": p.paused_by}
                     for p in paused.values()
                 ],
+                "limits": [limits_cli.as_dict(q) for q in limited],
             }
         )
         return 0
@@ -170,6 +173,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         for p in paused.values():
             when = p.paused_at.strftime("%Y-%m-%d %H:%M:%S")
             print(f"  {safe(_quote(p.queue))} since {when} by {safe(p.paused_by)}")
+    if limited:
+        print()
+        print("limited queues (fleet-wide; `worker limits set QUEUE ...` changes them)")
+        limits_cli.print_limits(limited)
     advice = st.routing.advice(_quote)
     if advice:
         print()

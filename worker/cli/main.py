@@ -13,7 +13,7 @@ import psycopg
 
 from .._errors import ConfigError
 from ..dev.bench import add_arguments as add_bench_arguments
-from . import bulk, cron, doctor, locks, pause, wait
+from . import bulk, cron, doctor, limits, locks, pause, wait
 from .bulk import TASK_ID
 from .commands import (
     cmd_bench,
@@ -270,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     cron.add_cli(sub, common)
     locks.add_cli(sub, common)
     pause.add_cli(sub, common)
+    limits.add_cli(sub, common)
     doctor.add_cli(sub, common)
     wait.add_cli(sub, common)
     return parser

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from .._enqueue import enqueue
+from .._limits import Limits, clear_limits, set_limits
 from .._migrate import migrate
 from .._sql import queries
 
@@ -133,6 +134,20 @@ def drain(dsn: str, args: argparse.Namespace, n: int) -> Drain:
     last = max(r["last_ack"] for r in lines if r["last_ack"])
     rss = max(r["max_rss_kb"] for r in lines)
     return Drain(n / (last - first), rss)
+
+
+def limited_drain(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, kind: str) -> Drain:
+    """The drain with the queue under a limit that never binds (schema/0014): a concurrency
+    limit of ten times the fleet's slots, or a rate limit of ten million starts per second. It
+    measures what a limited claim costs (its lock, its counts, the start log) next to the plain
+    claim."""
+    slots = args.processes * args.concurrency
+    limits = Limits(concurrency=10 * slots) if kind == "concurrency" else Limits(rate=(10**7, 1.0))
+    set_limits(conn, BENCH_SCHEMA, DEFAULT_QUEUE, limits, by="bench")
+    try:
+        return drain(dsn, args, args.tasks)
+    finally:
+        clear_limits(conn, BENCH_SCHEMA, DEFAULT_QUEUE)
 
 
 def serve(

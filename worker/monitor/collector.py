@@ -193,6 +193,39 @@ class DatabaseCollector:
         for name in snap.paused:
             paused.add_metric([label(name)], 1.0)
         yield paused
+        limit = GaugeMetricFamily(
+            "worker_queue_limit",
+            "Each limit of a limited queue (schema/0014; `worker limits`): kind is concurrency, "
+            "key_concurrency (running at once), rate or key_rate (starts per second). Fleet-wide.",
+            labels=["queue", "kind"],
+        )
+        running = GaugeMetricFamily(
+            "worker_queue_limited_running",
+            "Tasks of a limited queue running under its limits (leases not expired); counts stop "
+            "at 10,000. Fleet-wide.",
+            labels=["queue"],
+        )
+        waiting = GaugeMetricFamily(
+            "worker_queue_limited_waiting",
+            "Due tasks of a limited queue waiting to start (held back when running is at the "
+            "limit, or the rate window is full); counts stop at 10,000. Fleet-wide.",
+            labels=["queue"],
+        )
+        for q in snap.limits:
+            lim = q.limits
+            for kind, value in (
+                ("concurrency", lim.concurrency),
+                ("key_concurrency", lim.key_concurrency),
+                ("rate", None if lim.rate is None else lim.rate[0] / lim.rate[1]),
+                ("key_rate", None if lim.key_rate is None else lim.key_rate[0] / lim.key_rate[1]),
+            ):
+                if value is not None:
+                    limit.add_metric([label(q.queue), kind], float(value))
+            running.add_metric([label(q.queue)], float(q.running))
+            waiting.add_metric([label(q.queue)], float(q.waiting))
+        yield limit
+        yield running
+        yield waiting
         alive = GaugeMetricFamily(
             "worker_workers_alive",
             "Worker processes in the whole fleet with a recent heartbeat. Fleet-wide: every "

@@ -8,6 +8,7 @@ page by page), so the page stays small whatever a producer wrote.
 
 from __future__ import annotations
 
+from .._limits import QueueLimits, describe_rate
 from .bounds import clip
 from .doctor_panel import render_doctor_panel
 from .markup import esc, when
@@ -61,6 +62,31 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px}
 """
 
 
+def limits_table(limits: list[QueueLimits]) -> str:
+    """Each limited queue: its limits, and how many run and wait now (counts stop at 10,000)."""
+
+    def cell(value: object) -> str:
+        return f"<td>{esc('-' if value is None else str(value))}</td>"
+
+    rows = "".join(
+        f'<tr data-limited="{esc(clip(q.queue, 255))}"><td>{esc(clip(q.queue, 255))}</td>'
+        + cell(q.limits.concurrency)
+        + cell(q.limits.key_concurrency)
+        + cell(describe_rate(q.limits.rate))
+        + cell(describe_rate(q.limits.key_rate))
+        + f'<td data-col="running">{q.running}</td><td data-col="waiting">{q.waiting}</td>'
+        + cell("code" if q.source == "code" else clip(q.updated_by, 200))
+        + "</tr>"
+        for q in limits
+    )
+    return (
+        '<p class="note">Fleet-wide limits (<code>worker limits set QUEUE ...</code> changes '
+        "them within a second).</p><table><thead><tr><th>queue</th><th>concurrency</th>"
+        "<th>per key</th><th>rate</th><th>per key rate</th><th>running</th><th>waiting</th>"
+        f"<th>set by</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
 def render_page(
     page: PageData,
     *,
@@ -95,6 +121,9 @@ def render_page(
             + "".join(f"<li data-paused>{esc(clip(name, 255))}</li>" for name in snap.paused)
             + "</ul>"
         )
+    if snap.limits:
+        parts.append('<h2 id="limits">Limited queues</h2>')
+        parts.append(limits_table(snap.limits))
     parts.append('<h2 id="queues">Queues</h2>')
     parts.append(queue_table(page, queues_page))
     parts.append(workers_heading(page))

@@ -20,9 +20,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import _admin, _pause
+from .. import _admin, _limits, _pause
 from .._admin import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
 from .._config import redact, scrub
+from .._limits import QueueLimits
 from .._migrate import current_version, latest_version
 from .._sql import queries
 from . import doctor
@@ -68,6 +69,8 @@ class Snapshot:
     error: str | None = None
     # Paused queues (schema/0009), by name, at most PAUSED_LISTED of them.
     paused: list[str] = field(default_factory=list)
+    # Limited queues (schema/0014) with their counts, at most PAUSED_LISTED of them.
+    limits: list[QueueLimits] = field(default_factory=list)
 
     def age(self) -> float:
         return time.monotonic() - self.taken
@@ -259,11 +262,13 @@ class Database:
             q["metrics_workers_alive"], {"alive_seconds": self.alive_seconds}
         ).fetchone() or (0, 0)
         paused = [p.queue for p in _pause.paused(conn, self.schema, limit=PAUSED_LISTED)]
+        limits = _limits.list_limits(conn, self.schema, limit=PAUSED_LISTED)
         return Snapshot(
             time.monotonic(),
             datetime.now(UTC),
             queues=queues,
             paused=paused,
+            limits=limits,
             rest=rest,
             routing=Routing(_admin.unserved(scan.queues), missing, int(alive)),
             estimates=estimates,

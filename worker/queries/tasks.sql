@@ -12,6 +12,15 @@ SELECT {schema}.enqueue(
     trace_context => %(trace_context)s
 ) AS id;
 
+-- name: enqueue_keyed
+-- The same, for a task with a key for per-key limits (schema/0014): written with the row.
+SELECT {schema}.enqueue_keyed(
+    task => %(task)s, payload => %(payload)s, queue => %(queue)s,
+    run_at => coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+    priority => %(priority)s, max_attempts => %(max_attempts)s, dedupe_key => %(dedupe_key)s,
+    trace_context => %(trace_context)s, limit_key => %(limit_key)s
+) AS id;
+
 -- name: enqueue_copy
 -- Bulk enqueue: COPY skips per-row parsing and planning; the statement trigger sends one NOTIFY.
 -- run_at is left to its default, the database's now(). A NULL queue is routed (schema/0006).
@@ -27,6 +36,17 @@ COPY {schema}.tasks (task, payload, queue, priority, max_attempts, trace_context
 
 -- name: enqueue_copy_at_traced
 COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, trace_context)
+FROM STDIN;
+
+-- name: enqueue_copy_keyed
+-- Bulk enqueue of a task that declares a key for per-key limits (schema/0014); the trace context
+-- (schema/0013) is NULL when tracing is off.
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, trace_context, limit_key)
+FROM STDIN;
+
+-- name: enqueue_copy_at_keyed
+COPY {schema}.tasks (task, payload, queue, priority, max_attempts, run_at, trace_context,
+                     limit_key)
 FROM STDIN;
 
 -- name: delayed_until

@@ -1,0 +1,503 @@
+"""Flow control (schema/0014): fleet-wide concurrency and rate limits, with real worker processes.
+
+Each run of a handler writes its start and end to a side table by the database clock
+(tests/limits_module.py); the limits are checked on those times, across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import re
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import psycopg
+import pytest
+from conftest import run_cli, spawn_cli, wait_until
+from test_metrics import fetch, scrape
+from test_pool import kill_tree
+
+import worker
+from worker.monitor.server import serve
+
+
+def _tables(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute(
+        f"CREATE TABLE {schema}.runs (id bigint GENERATED ALWAYS AS IDENTITY, task_id bigint,"
+        " attempt int, queue text, k text, pid int, started timestamptz, finished timestamptz)"
+    )
+
+
+def _slow_claims(conn: psycopg.Connection, schema: str, seconds: float) -> None:
+    """A slow server, made slower where it hurts: each row a claim takes costs ``seconds`` more,
+    inside the claiming transaction. Claims that counted and committed without taking turns
+    would overlap for that long and together exceed the limits."""
+    conn.execute(
+        f"""CREATE FUNCTION {schema}.slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep({float(seconds)}); RETURN NEW; END $$"""
+    )
+    conn.execute(
+        f"CREATE TRIGGER slow_claim BEFORE UPDATE ON {schema}.tasks FOR EACH ROW"
+        " WHEN (OLD.state = 'queued' AND NEW.state = 'in_progress')"
+        f" EXECUTE FUNCTION {schema}.slow_claim()"
+    )
+
+
+@contextlib.contextmanager
+def fleet(
+    dsn: str, schema: str, *extra: str, processes: int = 4, lease: float = 10.0
+) -> Iterator[object]:
+    """`worker run limits_module` with ``processes`` worker processes; killed afterwards."""
+    args = [
+        "run", "limits_module", "--dsn", dsn, "--schema", schema, "--processes", str(processes),
+        "--lease", str(lease), "--poll-interval", "0.2", "--log-level", "WARNING", *extra,
+    ]  # fmt: skip
+    proc = spawn_cli(*args, env={"WORKER_DSN": dsn, "WORKER_SCHEMA": schema})
+    try:
+        yield proc
+    finally:
+        kill_tree(proc)
+
+
+def _max_overlap(
+    conn: psycopg.Connection, schema: str, by: str, since: object = None, until: object = None
+) -> dict[str, int]:
+    """The most runs that overlapped in time, per ``by`` (a column of runs), by the database
+    clock; only runs started within [since, until) when given. An end and a start at the same
+    instant do not overlap."""
+    where = (
+        "WHERE started >= coalesce(%(since)s::timestamptz, '-infinity')"
+        " AND started < coalesce(%(until)s::timestamptz, 'infinity')"
+    )
+    rows = conn.execute(
+        f"""WITH r AS (SELECT * FROM {schema}.runs {where}), ev AS (
+                SELECT {by} AS g, started AS t, 1 AS d FROM r
+                UNION ALL
+                SELECT {by}, finished, -1 FROM r)
+            SELECT g, max(n)::int FROM (
+                SELECT g, sum(d) OVER (PARTITION BY g ORDER BY t, d
+                                       ROWS UNBOUNDED PRECEDING) AS n FROM ev) AS s
+             GROUP BY g""",
+        {"since": since, "until": until},
+    ).fetchall()
+    return {g: n for g, n in rows}
+
+
+def _done(conn: psycopg.Connection, schema: str, queue: str) -> int:
+    row = conn.execute(
+        f"SELECT count(*) FROM {schema}.tasks WHERE queue = %s AND state = 'done'", (queue,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_concurrency_limits_hold_across_processes_and_are_reached(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Four worker processes, tasks over 50 keys, per-key limit 2 and queue limit 8 (as
+    limits_module declares): at no instant do more than 2 runs of one key, or 8 of the queue,
+    overlap; and both limits are reached (the fleet is not simply serialised). Each key's tasks
+    are enqueued together, so in claim order the first 8 rows are of one key: the key limit binds
+    at every claim. Tasks are written by a plain SQL INSERT that sets the key column. Each
+    claimed row takes 5 ms more inside the claim (_slow_claims), so claims overlap.
+    (600 tasks rather than the issue's 2,000, to stay within the suite's time budget: 12 per
+    key still makes each key wait at its limit.)"""
+    _tables(conn, schema)
+    n = 600
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
+        " SELECT 'flow.run', 'flow', jsonb_build_object('k', 'k' || (i - 1) / 12, 'sleep', 0.05),"
+        "        'k' || (i - 1) / 12"
+        "   FROM generate_series(1, %s) AS i",
+        (n,),
+    )
+    _slow_claims(conn, schema, 0.005)
+    # 4 slots per process: the queue's limit of 8 is reached only by processes running at once.
+    with fleet(pg_dsn, schema, "--concurrency", "4"):
+        wait_until(lambda: _done(conn, schema, "flow") == n, timeout=45, interval=0.2)
+    per_key = _max_overlap(conn, schema, "k")
+    per_queue = _max_overlap(conn, schema, "queue")
+    assert len(per_key) == 50
+    assert max(per_key.values()) == 2, per_key
+    assert sum(1 for v in per_key.values() if v == 2) >= 5, per_key  # reached, and not once
+    assert per_queue == {"flow": 8}
+    pids = conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.runs").fetchone()
+    assert pids is not None and pids[0] >= 2  # several processes shared the limits
+
+
+def test_rate_limit_holds_over_every_window_across_processes(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A rate limit of 50 starts per second (limits_module) across four processes: no window of
+    one second, wherever it starts, holds more than 50 starts (the queue's record of each start,
+    tasks.started_at, by the database clock), and the fleet keeps up: at least 90% of the limit.
+    Each claimed row takes 2 ms more inside the claim (_slow_claims), so claims overlap.
+    (350 tasks, 7 s of work at the limit, rather than the issue's 10 s: the suite's budget.)"""
+    _tables(conn, schema)
+    n, seconds = 350, 6
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 'rated.run', 'rated'"
+        " FROM generate_series(1, %s)",
+        (n,),
+    )
+    _slow_claims(conn, schema, 0.002)
+    # 50 slots per process: any one claim could take a whole window's starts (the handler
+    # opens no connection).
+    with fleet(pg_dsn, schema, "--concurrency", "50"):
+        wait_until(lambda: _done(conn, schema, "rated") == n, timeout=40, interval=0.2)
+    row = conn.execute(
+        f"""SELECT max(w.n),
+                   (SELECT count(*) FROM {schema}.tasks
+                     WHERE started_at < (SELECT min(started_at) FROM {schema}.tasks)
+                                        + make_interval(secs => %s))
+              FROM {schema}.tasks AS t
+             CROSS JOIN LATERAL (
+                SELECT count(*) AS n FROM {schema}.tasks AS o
+                 WHERE o.started_at >= t.started_at
+                   AND o.started_at < t.started_at + interval '1 second') AS w""",
+        (seconds,),
+    ).fetchone()
+    assert row is not None
+    busiest, early = int(row[0]), int(row[1])
+    assert busiest <= 50
+    assert busiest >= 45  # the limit was reached
+    # Throughput over the first `seconds` seconds from the first start (the work left then is
+    # less than a window's worth): at least 90% of the limit.
+    assert early >= 0.9 * 50 * seconds, early
+    workers = conn.execute(f"SELECT count(DISTINCT worker_id) FROM {schema}.tasks").fetchone()
+    assert workers is not None and workers[0] >= 2
+
+
+def _holders(conn: psycopg.Connection, schema: str, queue: str) -> dict[int, int]:
+    """pid -> running rows of ``queue`` claimed under its limit, leases not expired."""
+    rows = conn.execute(
+        f"SELECT w.pid, count(*) FROM {schema}.tasks AS t JOIN {schema}.workers AS w"
+        " ON w.id = t.worker_id WHERE t.queue = %s AND t.state = 'in_progress'"
+        " AND t.limit_held AND t.lease_expires_at >= now() GROUP BY w.pid",
+        (queue,),
+    ).fetchall()
+    return {pid: n for pid, n in rows}
+
+
+def test_slots_of_a_killed_worker_return_within_about_one_and_a_half_leases(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Two worker processes share a concurrency limit of 4 (set by an operator in SQL) on long
+    tasks; the one holding the slots is SIGKILLed with its supervisor (so nothing hands its
+    tasks back). The other process runs 4 tasks again within 1.5 leases of the kill, measured by
+    the database clock, and never more than 4 ran at once."""
+    _tables(conn, schema)
+    lease = 2.0
+    conn.execute(f"SELECT {schema}.set_queue_limit('open', concurrency => 4)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload) SELECT 'open.run', 'open',"
+        " '{\"sleep\": 60}' FROM generate_series(1, 12)"
+    )
+    with (
+        fleet(pg_dsn, schema, "--concurrency", "4", processes=1, lease=lease) as first,
+        fleet(pg_dsn, schema, "--concurrency", "4", processes=1, lease=lease) as second,
+    ):
+        holders = wait_until(lambda: _holders(conn, schema, "open"), timeout=30)
+        time.sleep(0.5)  # the other process's claims come back empty meanwhile
+        holders = _holders(conn, schema, "open")
+        assert sum(holders.values()) == 4 and len(holders) == 1, holders
+        (victim,) = holders
+        doomed = next(
+            p for p in (first, second)
+            if victim in {p.pid, *(k.pid for k in psutil.Process(p.pid).children(recursive=True))}
+        )  # fmt: skip
+        # The supervisor first (kill_tree), so that it cannot hand the tasks back: only the
+        # lease frees the slots.
+        kill_tree(doomed)  # type: ignore[arg-type]
+        assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == "zombie"
+        killed_at = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert killed_at is not None
+        back = wait_until(
+            lambda: (
+                {p: n for p, n in _holders(conn, schema, "open").items() if p != victim}
+                if sum(n for p, n in _holders(conn, schema, "open").items() if p != victim) == 4
+                else None
+            ),
+            timeout=4 * lease,
+        )
+        assert len(back) == 1
+        row = conn.execute(
+            f"SELECT extract(epoch FROM max(started_at) - %s) FROM {schema}.tasks"
+            " WHERE state = 'in_progress' AND queue = 'open'",
+            killed_at,
+        ).fetchone()
+        assert row is not None
+        assert 0 < float(row[0]) <= 1.5 * lease
+    # The killed process's runs ended with it; the survivor's are still running.
+    conn.execute(
+        f"UPDATE {schema}.runs SET finished = CASE WHEN pid = %s THEN %s ELSE now() END"
+        " WHERE finished IS NULL",
+        (victim, killed_at[0]),
+    )
+    assert _max_overlap(conn, schema, "queue") == {"open": 4}
+
+
+def _latencies(conn: psycopg.Connection, schema: str, tag: str, n: int) -> list[float]:
+    """Enqueue ``n`` tasks of fresh keys one by one (50 ms apart), each tagged; once all ran,
+    the seconds from each one's insert to its start (database clock)."""
+    for i in range(n):
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
+            " VALUES ('flow.run', 'flow', jsonb_build_object('k', %s::text), %s)",
+            (f"{tag}{i}", f"{tag}{i}"),
+        )
+        time.sleep(0.05)
+    wait_until(
+        lambda: (
+            conn.execute(
+                f"SELECT count(*) FROM {schema}.runs WHERE k LIKE %s", (tag + "%",)
+            ).fetchone()
+            == (n,)
+        ),
+        timeout=20,
+    )
+    rows = conn.execute(
+        f"SELECT extract(epoch FROM r.started - t.created_at) FROM {schema}.runs AS r"
+        f" JOIN {schema}.tasks AS t ON t.id = r.task_id WHERE r.k LIKE %s",
+        (tag + "%",),
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def test_a_key_at_its_limit_with_a_deep_backlog_does_not_delay_other_keys(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """The latency of tasks of other keys (insert to start) with one key at its limit and
+    5,000 of its tasks queued ahead of them in claim order stays within twice their latency
+    without that backlog (medians of 20; latencies under 20 ms count as 20 ms, below what this
+    test can tell apart on a shared machine). A claim that read the queue in order and stopped at
+    the first rows would start none of them until the backlog drained (minutes)."""
+    _tables(conn, schema)
+    with fleet(pg_dsn, schema, "--concurrency", "4", processes=2):
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL"
+                ).fetchone()
+                == (2,)
+            )
+        )
+        before = statistics.median(_latencies(conn, schema, "calm", 20))
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, payload, limit_key)"
+            " SELECT 'flow.run', 'flow', '{\"k\": \"hot\", \"sleep\": 30}', 'hot'"
+            " FROM generate_series(1, 5000)"
+        )
+        wait_until(
+            lambda: (
+                conn.execute(f"SELECT count(*) FROM {schema}.runs WHERE k = 'hot'").fetchone()
+                == (2,)
+            )
+        )
+        during = statistics.median(_latencies(conn, schema, "busy", 20))
+        hot = conn.execute(
+            f"SELECT count(*) FROM {schema}.tasks WHERE limit_key = 'hot' AND state = 'in_progress'"
+        ).fetchone()
+    assert hot == (2,)  # the hot key stayed at its limit throughout
+    assert max(during, 0.02) <= 2 * max(before, 0.02), (before, during)
+
+
+def _now(dsn: str) -> object:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _cli(dsn: str, schema: str, *args: str) -> tuple[object, object]:
+    """Run `worker ARGS` (an operator's command): the database clock before and after it."""
+    before = _now(dsn)
+    done = run_cli(*args, "--dsn", dsn, "--schema", schema)
+    assert done.returncode == 0, done.stderr
+    return before, _now(dsn)
+
+
+def test_operators_change_limits_at_run_time_and_code_leaves_their_setting_alone(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Two worker processes of 4 slots each run a steady stream of short tasks on a queue that
+    has no limits. An operator limits it to 2 (`worker limits set`), raises it to 5, then clears
+    it: a second after each command, at most that many run at once and that many are reached
+    (8, the fleet's slots, once cleared). Meanwhile the code's declaration of queue "flow" did
+    not replace the operator's setting made before the workers started, while queue "rated",
+    which no operator set, holds what the code declares."""
+    _tables(conn, schema)
+    conn.execute(f"SELECT {schema}.set_queue_limit('flow', concurrency => 3, updated_by => 'ops')")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, payload) SELECT 'open.run', 'open',"
+        " '{\"sleep\": 0.3}' FROM generate_series(1, 600)"
+    )
+    with fleet(pg_dsn, schema, "--concurrency", "4", processes=2):
+        wait_until(lambda: _max_overlap(conn, schema, "queue").get("open") == 8, timeout=20)
+        marks = [_cli(pg_dsn, schema, "limits", "set", "open", "--concurrency", "2")]
+        time.sleep(2.0)
+        marks.append(_cli(pg_dsn, schema, "limits", "set", "open", "--concurrency", "5"))
+        time.sleep(2.0)
+        marks.append(_cli(pg_dsn, schema, "limits", "clear", "open"))
+        time.sleep(2.0)
+        marks.append((None, None))
+        rows = conn.execute(
+            f"SELECT queue, concurrency, rate, source FROM {schema}.queue_limits ORDER BY 1"
+        ).fetchall()
+    assert rows == [("flow", 3, None, "operator"), ("rated", None, 50, "code")]
+    # Each setting holds from a second after its command returned until the next one began.
+    for ((_, start), (end, _)), limit in zip(itertools.pairwise(marks), (2, 5, 8), strict=True):
+        since = conn.execute("SELECT %s::timestamptz + interval '1 second'", (start,)).fetchone()
+        assert since is not None
+        assert _max_overlap(conn, schema, "queue", since[0], end) == {"open": limit}, limit
+
+
+def test_a_claim_waits_for_the_claim_in_flight_and_counts_its_rows(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Two claims of one limited queue (concurrency 8) at the same moment, on two connections:
+    the first has taken 8 rows and not committed; meanwhile 8 more rows arrive at the front of
+    the queue (higher priority), which the second claim's snapshot sees and the first's did not.
+    The second claim must wait for the first and then count its 8: it gets nothing. (Without
+    that, it would take the 8 new rows: 16 running.)"""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 8)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 8)"
+    )
+    claim = (
+        f"SELECT count(id) FROM {schema}.claim_limited("
+        "'q', gen_random_uuid(), 8, 30, '{}', '{}')"
+    )
+    got: list[int] = []
+    with psycopg.connect(pg_dsn) as first, psycopg.connect(pg_dsn, autocommit=True) as second:
+        assert first.execute(claim).fetchone() == (8,)  # uncommitted
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, priority)"
+            " SELECT 't', 'q', 10 FROM generate_series(1, 8)"
+        )
+        thread = threading.Thread(target=lambda: got.append(second.execute(claim).fetchone()[0]))
+        thread.start()
+        time.sleep(0.5)
+        assert got == []  # waiting for the first claim's transaction
+        first.commit()
+        thread.join(10)
+    assert got == [0]
+    running = conn.execute(
+        f"SELECT count(*) FROM {schema}.tasks WHERE state = 'in_progress'"
+    ).fetchone()
+    assert running == (8,)
+
+
+def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """An operator limits queue "q" to 2 running and 10 starts per second (Python API); of its 3
+    tasks, 2 are claimed under the limit. `worker status` (text and JSON), `worker limits`, the
+    status page and /metrics all show the limits, 2 running and 1 waiting."""
+    assert worker.set_queue_limits(pg_dsn, "q", concurrency=2, rate="10/min", schema=schema)
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 3)"
+    )
+    got = conn.execute(
+        f"SELECT count(id) FROM {schema}.claim_limited('q', gen_random_uuid(), 3, 30, '{{}}',"
+        " '{}')"
+    ).fetchone()
+    assert got == (2,)
+    text = run_cli("status", "--dsn", pg_dsn, "--schema", schema)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^q +2 +- +10/min +- +2 +1 +python$", text.stdout, re.M), text.stdout
+    as_json = run_cli("limits", "--json", "--dsn", pg_dsn, "--schema", schema)
+    (entry,) = json.loads(as_json.stdout)["limits"]
+    assert entry["concurrency"] == 2 and entry["rate"] == {"starts": 10, "seconds": 60.0}
+    assert (entry["running"], entry["waiting"], entry["recent_starts"]) == (2, 1, 2)
+    server = serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0)
+    try:
+        status, body = fetch(server.url)
+        assert status == 200
+        row = re.search(r'<tr data-limited="q">(.*?)</tr>', body)
+        assert row is not None
+        assert '<td data-col="running">2</td><td data-col="waiting">1</td>' in row[1]
+        assert "<td>10/min</td>" in row[1]
+        samples = scrape(server.url + "metrics")
+    finally:
+        server.stop()
+    assert samples[("worker_queue_limit", (("kind", "concurrency"), ("queue", "q")))] == 2
+    assert samples[("worker_queue_limit", (("kind", "rate"), ("queue", "q")))] == 10 / 60
+    assert samples[("worker_queue_limited_running", (("queue", "q"),))] == 2
+    assert samples[("worker_queue_limited_waiting", (("queue", "q"),))] == 1
+
+
+def test_python_producers_write_the_key_the_task_declares(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """enqueue, enqueue_many and enqueue with an explicit key: the row carries the key the task
+    declares (a payload field, or a function of the payload), or the producer's own; a task
+    without a declaration gets none. Bad declarations and keys are refused."""
+    reg = worker.Registry()
+    by_field = reg.task("by.field", queue="flow", limit_key="customer")(lambda p: None)
+    by_fn = reg.task("by.fn", queue="flow", limit_key=lambda p: f"c-{p['customer']}")(
+        lambda p: None
+    )
+    plain = reg.task("plain", queue="flow")(lambda p: None)
+    a = worker.enqueue(pg_dsn, by_field, {"customer": 7}, schema=schema)
+    b = worker.enqueue(pg_dsn, by_fn, {"customer": 7}, schema=schema)
+    c = worker.enqueue(pg_dsn, plain, {"customer": 7}, schema=schema)
+    d = worker.enqueue(pg_dsn, plain, {}, limit_key="mine", schema=schema)
+    worker.enqueue_many(pg_dsn, by_fn, [{"customer": i} for i in range(3)], schema=schema)
+    keys = dict(conn.execute(f"SELECT id, limit_key FROM {schema}.tasks").fetchall())
+    assert (keys[a], keys[b], keys[c], keys[d]) == ("7", "c-7", None, "mine")
+    assert sorted(k for i, k in keys.items() if i not in (a, b, c, d)) == ["c-0", "c-1", "c-2"]
+    with pytest.raises(ValueError, match="at most 255"):
+        worker.enqueue(pg_dsn, plain, {}, limit_key="x" * 256, schema=schema)
+    with pytest.raises(ValueError, match="N/PERIOD"):
+        reg.limit("flow", rate="fast")
+    with pytest.raises(ValueError, match="at least one limit"):
+        reg.limit("flow")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(f"INSERT INTO {schema}.tasks (task, limit_key) VALUES ('t', repeat('x', 256))")
+
+
+def test_priority_holds_inside_a_limit(schema: str, conn: psycopg.Connection) -> None:
+    """A queue limited to 2 running and 1 per key, with tasks of three keys: the claim takes
+    the highest priorities that the limits allow, in priority order across keys."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 2, key_concurrency => 1)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, limit_key, priority) VALUES"
+        " ('a-low', 'q', 'a', 1), ('a-top', 'q', 'a', 9), ('b-mid', 'q', 'b', 5),"
+        " ('c-high', 'q', 'c', 7), ('none-low', 'q', NULL, 0)"
+    )
+    rows = conn.execute(
+        f"SELECT task FROM {schema}.claim_limited('q', gen_random_uuid(), 10, 30, '{{}}', '{{}}')"
+        " ORDER BY priority DESC"
+    ).fetchall()
+    assert [r[0] for r in rows] == ["a-top", "c-high"]
+
+
+def test_a_slot_frees_when_its_lease_expires_before_rescue(
+    schema: str, conn: psycopg.Connection
+) -> None:
+    """A queue limited to 1 running, whose one running row (claimed under the limit) has a lease
+    that ran out and was not rescued yet: the claim does not count it, and takes the next row.
+    While the lease holds, it counts. A row without a key in a queue with per-key limits is
+    claimed too."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 1, key_concurrency => 1)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+        " lease_expires_at, limit_held, limit_key) VALUES ('dead', 'q', 'in_progress', 1,"
+        " gen_random_uuid(), now() - interval '1 minute', now() + interval '1 minute', true, 'a')"
+    )
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('next', 'q')")
+    claim = (
+        f"SELECT task FROM {schema}.claim_limited('q', gen_random_uuid(), 5, 30, '{{}}', '{{}}')"
+    )
+    assert conn.execute(claim).fetchall() == []  # the lease holds: the slot is taken
+    conn.execute(
+        f"UPDATE {schema}.tasks SET lease_expires_at = now() - interval '1 second'"
+        " WHERE task = 'dead'"
+    )
+    assert conn.execute(claim).fetchall() == [("next",)]

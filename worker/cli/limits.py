@@ -1,0 +1,134 @@
+"""``worker limits``: fleet-wide concurrency and rate limits per queue and per key (see
+worker/_limits.py). ``worker limits`` lists them with what each queue holds now; ``set`` and
+``clear`` change them at run time: every worker applies a change within about a second, and code
+declarations no longer change a queue an operator set (until it is cleared)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import _limits
+from .common import CliError, connect, int_in, print_json, require, table
+from .pause import _operator, _queue
+from .text import safe
+
+
+def _rate(text: str) -> tuple[int, float]:
+    try:
+        return _limits.parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rate_dict(rate: tuple[int, float] | None) -> dict[str, Any] | None:
+    return None if rate is None else {"starts": rate[0], "seconds": rate[1]}
+
+
+def as_dict(q: _limits.QueueLimits) -> dict[str, Any]:
+    lim = q.limits
+    return {
+        "queue": q.queue,
+        "concurrency": lim.concurrency,
+        "key_concurrency": lim.key_concurrency,
+        "rate": _rate_dict(lim.rate),
+        "key_rate": _rate_dict(lim.key_rate),
+        "source": q.source,
+        "updated_by": q.updated_by,
+        "updated_at": q.updated_at,
+        "running": q.running,
+        "waiting": q.waiting,
+        "recent_starts": q.recent_starts,
+        "running_keys": q.running_keys,
+    }
+
+
+def print_limits(found: list[_limits.QueueLimits]) -> None:
+    """The table `worker limits` and `worker status` print."""
+    table(
+        ["queue", "concurrency", "per key", "rate", "per key rate", "running", "waiting",
+         "set by"],
+        [
+            [
+                safe(q.queue),
+                "-" if q.limits.concurrency is None else str(q.limits.concurrency),
+                "-" if q.limits.key_concurrency is None else str(q.limits.key_concurrency),
+                _limits.describe_rate(q.limits.rate),
+                _limits.describe_rate(q.limits.key_rate),
+                str(q.running),
+                str(q.waiting),
+                "code" if q.source == "code" else safe(q.updated_by),
+            ]
+            for q in found
+        ],
+    )  # fmt: skip
+
+
+def cmd_limits(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        require(conn, args.schema)
+        found = _limits.list_limits(conn, args.schema)
+    if args.json:
+        print_json({"limits": [as_dict(q) for q in found]})
+    elif not found:
+        print("no queue has limits")
+    else:
+        print_limits(found)
+    return 0
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    limits = _limits.Limits(args.concurrency, args.key_concurrency, args.rate, args.key_rate)
+    if limits.empty:
+        raise CliError(
+            "give at least one of --concurrency, --key-concurrency, --rate, --key-rate"
+            " (`worker limits clear QUEUE` removes a queue's limits)",
+            2,
+        )
+    by = args.by if args.by is not None else _operator()
+    with connect(args) as conn:
+        require(conn, args.schema)
+        _limits.set_limits(conn, args.schema, args.queue, limits, by=by)
+    if args.json:
+        print_json({"queue": args.queue, "changed": True})
+    else:
+        print(f"limits of queue {safe(args.queue)} set: workers apply them within a second")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    with connect(args) as conn:
+        require(conn, args.schema)
+        changed = _limits.clear_limits(conn, args.schema, args.queue)
+    if args.json:
+        print_json({"queue": args.queue, "changed": changed})
+    elif changed:
+        print(f"limits of queue {safe(args.queue)} removed")
+    else:
+        raise CliError(f"queue {safe(args.queue)} has no limits")
+    return 0
+
+
+def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "limits",
+        parents=[common],
+        help="fleet-wide concurrency and rate limits per queue and per key",
+    )
+    p.set_defaults(func=cmd_limits)
+    actions = p.add_subparsers(dest="limits_action")
+    s = actions.add_parser(
+        "set", parents=[common], help="set a queue's limits (every one: those not given are off)"
+    )
+    s.add_argument("queue", type=_queue)
+    s.add_argument("--concurrency", type=int_in(0, 1_000_000), help="most running in the queue")
+    s.add_argument(
+        "--key-concurrency", type=int_in(0, 1_000_000), help="most running per key of the queue"
+    )
+    s.add_argument("--rate", type=_rate, help="most starts per period in the queue: 50/s, 1000/h")
+    s.add_argument("--key-rate", type=_rate, help="most starts per period per key: 10/min")
+    s.add_argument("--by", default=None, help="who sets them, for the record (default: user@host)")
+    s.set_defaults(func=cmd_set)
+    c = actions.add_parser("clear", parents=[common], help="remove a queue's limits")
+    c.add_argument("queue", type=_queue)
+    c.set_defaults(func=cmd_clear)

@@ -1,0 +1,57 @@
+-- Flow control (schema/0014): fleet-wide concurrency and rate limits per queue and per key.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+
+-- name: claim_limited
+-- The claim of one limited queue (see the function in schema/0014): it serialises with the other
+-- claims of that queue and takes only what its limits allow. A row with a NULL id carries
+-- wait_seconds: a rate limit held work back until then.
+SELECT * FROM {schema}.claim_limited(
+    %(queue)s, %(worker_id)s, %(limit)s, %(lease_seconds)s,
+    %(handler_tasks)s::text[], %(handler_max_attempts)s::integer[]);
+
+-- name: limited_queues
+-- Of the given queues, those with limits: the worker's maintenance thread asks this once a second,
+-- so a limit set or cleared by an operator takes effect fleet-wide within about a second.
+SELECT queue FROM {schema}.queue_limits WHERE queue = ANY(%(queues)s::text[]);
+
+-- name: set_limit
+-- Set a queue's limits (every one of them: a NULL removes that limit). source 'code' does not
+-- override an operator's setting; false when nothing changed for that reason.
+SELECT {schema}.set_queue_limit(
+    queue => %(queue)s, concurrency => %(concurrency)s, key_concurrency => %(key_concurrency)s,
+    rate => %(rate)s, rate_seconds => %(rate_seconds)s, key_rate => %(key_rate)s,
+    key_rate_seconds => %(key_rate_seconds)s, source => %(source)s,
+    updated_by => %(by)s) AS changed;
+
+-- name: clear_limit
+-- Remove a queue's limits; false when it had none.
+SELECT {schema}.clear_queue_limit(queue => %(queue)s) AS changed;
+
+-- name: limits
+-- Every limited queue with what it holds now: `running` (rows claimed under the limit and still
+-- running, leases not expired), `waiting` (queued and due), the starts inside the queue's rate
+-- window and the keys among the running. Counts stop at %(cap)s (a bounded read of the indexes
+-- whatever the backlog). At most %(limit)s queues, by name.
+SELECT l.queue, l.concurrency, l.key_concurrency, l.rate, l.rate_seconds, l.key_rate,
+       l.key_rate_seconds, l.source, l.updated_by, l.updated_at,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {schema}.tasks AS t
+            WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
+              AND t.lease_expires_at >= now()
+            LIMIT %(cap)s) AS r) AS running,
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {schema}.tasks AS t
+            WHERE t.queue = l.queue AND t.state = 'queued' AND t.run_at <= now()
+            LIMIT %(cap)s) AS w) AS waiting,
+       (SELECT coalesce(sum(s.n), 0) FROM {schema}.limit_starts AS s
+         WHERE s.queue = l.queue
+           AND s.started_at > now() - make_interval(secs => coalesce(l.rate_seconds, 0)))
+           AS recent_starts,
+       (SELECT count(DISTINCT r.limit_key) FROM (
+           SELECT t.limit_key FROM {schema}.tasks AS t
+            WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
+              AND t.limit_key IS NOT NULL AND t.lease_expires_at >= now()
+            LIMIT %(cap)s) AS r) AS running_keys
+  FROM {schema}.queue_limits AS l
+ ORDER BY l.queue
+ LIMIT %(limit)s;
