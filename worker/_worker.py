@@ -534,9 +534,7 @@ class Worker:
         if claim:
             self._last_claim = now
         try:
-            # Pipeline mode: BEGIN travels with the first statement and COMMIT with nothing
-            # else to wait for, so a batch costs three round trips, not four.
-            with conn.pipeline(), self.counted(conn):
+            with self.counted(conn):
                 kept, states = self.batcher.acknowledge(conn, acking)
                 if claim:
                     got = self.batcher.claim(conn, free, now)
