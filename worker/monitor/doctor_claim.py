@@ -72,6 +72,7 @@ def _explain(
         conn.execute(
             q["doctor_local_timeouts"], {"statement_ms": str(statement_ms), "lock_ms": "1000"}
         )
+        conn.execute(q["doctor_worker_plans"])
         if mode == "claim":
             start = ClaimCursor(0).position(queue)  # a fresh worker's: the queue's start
             params: dict[str, Any] = {

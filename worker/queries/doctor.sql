@@ -158,6 +158,11 @@ SELECT t.id
  ORDER BY (-t.priority), t.run_at, t.id
  LIMIT %(limit)s;
 
+-- name: doctor_worker_plans
+-- For the rest of the transaction: plan as a worker's own connection does (session_index_plans
+-- in tasks.sql rules sequential scans out there), so the probe measures the claim workers run.
+SELECT set_config('enable_seqscan', 'off', true);
+
 -- name: doctor_local_timeouts
 -- For the rest of the transaction: no check waits long for a statement or a lock, and no JIT.
 SELECT set_config('statement_timeout', %(statement_ms)s, true),
