@@ -362,3 +362,45 @@ def test_ensure_embedded(tmp_path_factory: pytest.TempPathFactory) -> None:
             assert conn.execute("select 1").fetchone() == (1,)
     finally:
         EmbeddedPostgres(folder).stop()
+
+
+_CREATE_USER = """
+import sys, time
+from worker.dev import pginstall
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+entry = pginstall._create_user(sys.argv[1])
+print(entry.pw_uid, entry.pw_gid)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="creates a user")
+def test_concurrent_user_creation_agrees_on_one_user() -> None:
+    """Root hands the embedded server to a system user it creates. Two test processes starting
+    together on a new machine both created it, and the second useradd rewrote the user with
+    other ids after the first had handed its data folder to the first ones (initdb then failed
+    with 'could not look up effective user ID'). Every process must see the same user."""
+    import pwd
+
+    name = f"wtest{os.getpid() % 100000}"
+    start = time.time() + 1.5
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CREATE_USER, name, str(start)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        seen = set()
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            seen.add(tuple(int(x) for x in out.split()))
+        final = pwd.getpwnam(name)
+        assert seen == {(final.pw_uid, final.pw_gid)}
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, check=False)

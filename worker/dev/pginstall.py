@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -181,20 +182,30 @@ def _run_as_user() -> _RunAs | None:
 
 
 def _create_user(name: str) -> pwd.struct_passwd:
+    import fcntl
     import pwd
 
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
     argv = [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
-    log.debug("creating system user %s to run the embedded PostgreSQL as", name)
+    # One process at a time: two useradd runs at once (two test processes starting together on a
+    # new machine) both succeeded, and the second rewrote the user with other ids after the first
+    # had handed its data folder to the first ones.
+    lock_path = Path(tempfile.gettempdir()) / f"worker-useradd-{name}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(name)  # created by another process while we waited
+        except KeyError:
+            pass
+        log.debug("creating system user %s to run the embedded PostgreSQL as", name)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise EmbeddedError(
+                f"running as root needs an unprivileged user and useradd failed ({exc}): create "
+                "one and set WORKER_EMBEDDED_USER, or set WORKER_DSN to use a server"
+            ) from None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise EmbeddedError(
-            f"running as root needs an unprivileged user and useradd failed ({exc}): create "
-            "one and set WORKER_EMBEDDED_USER, or set WORKER_DSN to use a server"
-        ) from None
-    try:
-        # Another process may have created it between our lookup and useradd: that is fine.
         return pwd.getpwnam(name)
     except KeyError:
         raise EmbeddedError(
