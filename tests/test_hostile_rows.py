@@ -156,3 +156,37 @@ def test_display_escapes_every_control_character_and_bounds_the_name(name: str) 
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(), lambda c: st.lists(c)))
 def test_payloads_round_trip_through_the_claims_text(value: object) -> None:
     assert decode_payload(json.dumps(value)) == value
+
+
+def _loads_or_error(text: str) -> tuple[str, object]:
+    try:
+        return ("ok", json.loads(text))
+    except (ValueError, RecursionError) as exc:
+        return ("error", type(exc).__name__)
+
+
+def _decode_or_error(text: str) -> tuple[str, object]:
+    try:
+        return ("ok", decode_payload(text))
+    except (ValueError, RecursionError) as exc:
+        return ("error", type(exc).__name__)
+
+
+_json_text = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda c: st.lists(c) | st.dictionaries(st.text(), c),
+).map(json.dumps)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    _json_text | st.text(alphabet='{}[]":,0123456789.eE+-truefalsn \t\n\\u'),
+    st.sampled_from(["", " ", "\n", "\t "]),
+    st.sampled_from(["", " ", "\n", " x", ",1"]),
+)
+def test_payload_decoding_agrees_with_json_loads(body: str, before: str, after: str) -> None:
+    """decode_payload skips json.loads' whitespace handling for the text PostgreSQL writes; on
+    any other text (whitespace around it, trailing data, not JSON at all) it must still give
+    what json.loads gives, error or value."""
+    text = before + body + after
+    assert _decode_or_error(text) == _loads_or_error(text)

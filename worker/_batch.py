@@ -312,8 +312,12 @@ class Batcher:
         if claim is None:
             return False
         by_queue: dict[str, list[tr.Claimed]] = {}
-        for row in claim.rows:  # in claim order within each queue
-            by_queue.setdefault(row.queue, []).append(row)
+        if len(claim.queues) == 1 and not claim.limited:
+            if claim.rows:
+                by_queue[claim.queues[0]] = claim.rows  # one queue: every row is of it
+        else:
+            for row in claim.rows:  # in claim order within each queue
+                by_queue.setdefault(row.queue, []).append(row)
         for name, rows in by_queue.items():
             if name not in claim.limited:
                 self.cursor.advance(name, rows)

@@ -66,6 +66,10 @@ class Executor:
         self._transactional = transactional
         self._stores_result = stores_result
         self._max_result_bytes = max_result_bytes
+        # id(TaskDef) -> (the TaskDef, whether its return value is stored): the answer never
+        # changes, and hashing a TaskDef (a frozen dataclass) would cost more than asking each
+        # time. The TaskDef is kept so its id cannot be reused by another.
+        self._stores: dict[int, tuple[TaskDef, bool]] = {}
         self._threads: dict[int, threading.Thread] = {}
         self._retired: set[int] = set()
         self._next = 0
@@ -76,14 +80,21 @@ class Executor:
         """Runners start with the first jobs (see submit)."""
 
     def submit(self, job: Job) -> None:
+        self.submit_many([job])
+
+    def submit_many(self, jobs: list[Job]) -> None:
+        """Queue jobs for the runners, starting runners for those no idle runner will take."""
         with self._lock:
-            # An idle runner is reserved for this job as it is queued, so the count is exact
+            # An idle runner is reserved for each job as it is queued, so the count is exact
             # however the threads interleave: no job waits while a slot could start a thread.
-            grow = self._idle == 0 and len(self._threads) - len(self._retired) < self.concurrency
-            if not grow:
-                self._idle = max(self._idle - 1, 0)
-        self._work.put(job)
-        if grow:
+            reserved = min(self._idle, len(jobs))
+            self._idle -= reserved
+            room = self.concurrency - (len(self._threads) - len(self._retired))
+            grow = max(min(len(jobs) - reserved, room), 0)
+        put = self._work.put
+        for job in jobs:
+            put(job)
+        for _ in range(grow):
             self._start_runner(reserved=True)
 
     def retire(self, runner: int) -> None:
@@ -155,10 +166,11 @@ class Executor:
                 outcome = self._execute(job, loop)
                 outcome.runner = number
                 self._events.put(outcome)
-                with self._lock:
-                    if number in self._retired:
-                        self._retired.discard(number)
-                        return  # replaced while it ran: the replacement serves the queue
+                if self._retired:  # (read without the lock first: almost always empty)
+                    with self._lock:
+                        if number in self._retired:
+                            self._retired.discard(number)
+                            return  # replaced while it ran: the replacement serves the queue
         finally:
             with self._lock:
                 self._threads.pop(number, None)
@@ -197,7 +209,10 @@ class Executor:
                     value = d.fn(payload, self._context(job))
                 else:
                     value = d.fn(payload)
-                if self._stores_result(d):
+                known = self._stores.get(id(d))  # decided once per handler (see __init__)
+                if known is None or known[0] is not d:
+                    known = self._stores[id(d)] = (d, self._stores_result(d))
+                if known[1]:
                     # Encoded here, off the main thread; a value that cannot be stored fails
                     # the task at once (ResultError is a DoNotRetry).
                     outcome.result = encode_result(value, self._max_result_bytes)

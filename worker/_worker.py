@@ -367,13 +367,12 @@ class Worker:
             item = self._events.get(timeout=timeout) if block else self._events.get_nowait()
         except queue_mod.Empty:
             return
+        freed = False
         while True:
-            if isinstance(item, Outcome):
+            if type(item) is Outcome:
                 with self._hooks_lock:  # hooks hear one thread at a time (see counted)
                     self._record(item)
-                # A slot of ours is free: a limited queue held back may have room now, and the
-                # claim that acknowledges this outcome reads it.
-                self.batcher.freed()
+                freed = True
             elif item is _WAKE:
                 pass  # stop() wakes the loop; the loop reads the stop flag itself
             elif item[0] == "notify":
@@ -393,7 +392,11 @@ class Worker:
             try:
                 item = self._events.get_nowait()
             except queue_mod.Empty:
-                return
+                break
+        if freed:
+            # A slot of ours is free: a limited queue held back may have room now, and the claim
+            # that acknowledges these outcomes reads it.
+            self.batcher.freed()
 
     def _record(self, outcome: Outcome) -> None:
         before = self.table.jobs.get(outcome.token)
@@ -566,15 +569,19 @@ class Worker:
             cancelled = [i for i, s in (*kept.items(), *states.items()) if s == "cancelled"]
             kept = {i: s for i, s in kept.items() if s != "cancelled"}
             states = {i: s for i, s in states.items() if s != "cancelled"}
-        if any(j.outcome and j.outcome.ok for j in jobs):
-            self.hooks.acked(self, "done", [j.id for j in jobs if j.id in kept])
-        if any(j.outcome and not j.outcome.ok for j in jobs):
-            self.hooks.acked(self, "failed", states)
+        # kept holds only jobs that succeeded, states only jobs that did not (see acknowledge).
+        if kept or len(states) < len(jobs):
+            if any(j.outcome and j.outcome.ok for j in jobs):
+                self.hooks.acked(self, "done", list(kept))
+        if states or len(kept) < len(jobs):
+            if any(j.outcome and not j.outcome.ok for j in jobs):
+                self.hooks.acked(self, "failed", states)
         if cancelled:
             self.hooks.acked(self, "cancelled", cancelled)
 
     def _dispatch(self, rows: list[tr.Claimed]) -> None:
         now = time.monotonic()
+        ready: list[Job] = []
         for c in rows:
             definition = self.registry.get(c.task)
             job = self.table.add(c, definition or _UNKNOWN, now)
@@ -614,7 +621,8 @@ class Worker:
                 job.state = State.RUNNING
                 self._record(Outcome(job.token, ok=False, error=error, permanent=True))
                 continue
-            self.executor.submit(job)
+            ready.append(job)
+        self.executor.submit_many(ready)
 
     def _probe(self, conn: psycopg.Connection) -> None:
         """On the maintenance thread: queues with rows committed behind the claim's cursor."""
