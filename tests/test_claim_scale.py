@@ -496,3 +496,40 @@ def test_a_queue_whose_name_holds_a_comma_is_still_woken(
         worker.enqueue(conn, "t", {"n": 1}, queue="a,b", schema=schema)
         wait_until(lambda: 1 in done, timeout=10)
         assert time.monotonic() - began < 3
+
+
+def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """A worker that starts on a small table must not keep, for its acknowledgements, a plan
+    made for a small table: one that reads the whole primary key and looks for the batch in
+    it. With autovacuum off (or before it analyses), such a plan stayed cached, and each
+    acknowledgement of one row read every row of the table."""
+    q = queries(schema)
+    conn.execute(f"ALTER TABLE {schema}.tasks SET (autovacuum_enabled = false)")
+    conn.execute(f"VACUUM ANALYZE {schema}.tasks")  # empty, as after a TRUNCATE and a vacuum
+    me = "00000000-0000-0000-0000-0000000000aa"
+    with psycopg.connect(pg_dsn, autocommit=True, prepare_threshold=5) as w:
+        w.execute(q["session_index_plans"])
+
+        def one_round() -> int:
+            conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'q')")
+            [c] = tr.claim(w, q, queues=["q"], limit=1, worker_id=me, lease_seconds=30)
+            with w.transaction():
+                assert tr.complete(w, q, worker_id=me, done=[(c.id, c.attempt)]) == {c.id: "done"}
+                row = w.execute(
+                    "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
+                    " WHERE schemaname = %s AND relname = 'tasks'",
+                    (schema,),
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        for _ in range(12):  # past the five executions after which a generic plan is cached
+            one_round()
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+            " lease_expires_at) SELECT 't', 'other', 'in_progress', 1, gen_random_uuid(), now(),"
+            " now() + interval '1 hour' FROM generate_series(1, 30000)"
+        )
+        read = one_round()
+        assert read < 100, f"{read} rows read to acknowledge one"  # not the table's 30,000

@@ -76,6 +76,7 @@ class Batcher:
         self.lease_seconds = lease_seconds
         self.delete_done = delete_done
         self.max_attempts = dict(max_attempts)
+        self._handlers = tr.HandlerLimits(self.max_attempts)  # the claim's form of it
         self.poll_interval = poll_interval
         self.channel = channel
         self.done_channel = done_channel  # where tasks that store a result are announced
@@ -260,7 +261,7 @@ class Batcher:
                 worker_id=self.worker_id,
                 lease_seconds=self.lease_seconds,
                 cursor=self.cursor,
-                max_attempts=self.max_attempts,
+                max_attempts=self._handlers,
             )
             return Claim(names, limit, rows)
         return self._claim_mixed(conn, names, limit, now)
@@ -281,7 +282,7 @@ class Batcher:
                 worker_id=self.worker_id,
                 lease_seconds=self.lease_seconds,
                 cursor=self.cursor,
-                max_attempts=self.max_attempts,
+                max_attempts=self._handlers,
             )
         got = Claim(plain, limit, rows, unlimited_rows=len(rows))
         for name in sorted(n for n in names if n in self.limited):

@@ -27,7 +27,7 @@ from ._errors import ConfigError, ResultNotSerializable, ResultTooLarge
 from ._registry import Registry, TaskDef
 from ._settings import WorkerConfig
 from ._sql import Queries, validate_schema_name
-from ._transitions import int_array
+from ._transitions import PLAN_EACH, int_array
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 # pg_notify refuses payloads of 8,000 bytes or more; ids are sent in pieces below that.
@@ -122,6 +122,7 @@ def complete_with_result(
             "results": list(results),
             "worker_id": worker_id,
         },
+        **PLAN_EACH,  # a batch joined by primary key (see _transitions.PLAN_EACH)
     ).fetchall()
     return {r[0]: r[1] for r in rows}
 

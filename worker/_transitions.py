@@ -170,7 +170,7 @@ def claim(
     worker_id: str,
     lease_seconds: float,
     cursor: ClaimCursor | None = None,
-    max_attempts: Mapping[str, int] | None = None,
+    max_attempts: Mapping[str, int] | HandlerLimits | None = None,
 ) -> list[Claimed]:
     """queued -> in_progress for up to ``limit`` due rows of ``queues`` (first queues first), in
     claim order within each queue; one statement whatever the number of queues.
@@ -178,21 +178,25 @@ def claim(
     ``max_attempts``: the handlers' settings by task name, for rows whose producer left
     max_attempts to the handler (NULL); rows of other tasks keep NULL (they are handed back).
     """
-    limits = max_attempts or {}
     cursor = cursor or ClaimCursor(0)
     positions = [cursor.position(name) for name in queues]
+    handlers = max_attempts if isinstance(max_attempts, HandlerLimits) else None
+    if handlers is None:
+        handlers = HandlerLimits(max_attempts or {})
+    # Every array goes as text (see int_array): psycopg's list adaptation, six lists per claim,
+    # was the largest Python cost of a claim at light load, where each claim takes a row or two.
     rows = conn.execute(
         q["claim"],
         {
-            "queues": list(queues),
+            "queues": text_array(queues),
             "limit": limit,
             "worker_id": worker_id,
             "lease_seconds": lease_seconds,
-            "handler_tasks": list(limits),
-            "handler_max_attempts": list(limits.values()),
-            "cursor_priority": [p[0] for p in positions],
-            "floor_run_at": [p[1] for p in positions],
-            "floor_id": [p[2] for p in positions],
+            "handler_tasks": handlers.tasks,
+            "handler_max_attempts": handlers.max_attempts,
+            "cursor_priority": int_array(p[0] for p in positions),
+            "floor_run_at": text_array(p[1].isoformat() for p in positions),
+            "floor_id": int_array(p[2] for p in positions),
         },
     ).fetchall()
     claimed = [Claimed(*row) for row in rows]
@@ -262,6 +266,38 @@ def behind(conn: psycopg.Connection, q: Queries, cursor: ClaimCursor) -> list[st
     return [r[0] for r in rows]
 
 
+def text_array(values: Iterable[str]) -> str:
+    """Strings as PostgreSQL's text form of an array ('{"a","b"}'), every element quoted, with
+    backslashes and double quotes escaped, so any name (commas, braces, quotes: queue names are
+    data) comes back as it was."""
+    return (
+        "{"
+        + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+        + "}"
+    )
+
+
+class HandlerLimits:
+    """A worker's max_attempts by task name, as the claim's two array parameters, written once
+    (they change only when the worker's handlers do)."""
+
+    __slots__ = ("max_attempts", "tasks")
+
+    def __init__(self, limits: Mapping[str, int]) -> None:
+        self.tasks = text_array(limits)
+        self.max_attempts = int_array(limits.values())
+
+
+# The statements that take a batch of (id, attempt) pairs join it to the table by primary key.
+# A generic plan cached while the table was small reads the whole primary key instead, in a
+# nested loop with the batch inside (cheaper, for a table of a few pages, than one look-up per
+# row); PostgreSQL keeps it until the table is next analysed, and with autovacuum off, never
+# replaces it: an acknowledgement of one row then read every row of the table (0.1 ms at 500
+# rows, growing). Planned for each execution (PostgreSQL then sees the batch and the table as
+# they are), they cost a plan each, once per batch.
+PLAN_EACH: dict[str, Any] = {"prepare": False}
+
+
 def int_array(values: Iterable[int]) -> str:
     """Integers as PostgreSQL's text form of an array ('{1,2,3}'), for the statements that take a
     batch of ids (cast to bigint[] or integer[] there). psycopg adapts a Python list of a hundred
@@ -285,8 +321,9 @@ def complete(
     ids, attempts = zip(*done, strict=True)
     params = {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id}
     if not delete:
-        return dict(conn.execute(q["complete"], params).fetchall())
-    kept = {r[0]: "done" for r in conn.execute(q["complete_delete"], params).fetchall()}
+        return dict(conn.execute(q["complete"], params, **PLAN_EACH).fetchall())
+    deleted = conn.execute(q["complete_delete"], params, **PLAN_EACH).fetchall()
+    kept = {r[0]: "done" for r in deleted}
     if len(kept) < len(ids):
         # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
         # (they end cancelled): mark those instead.
@@ -313,6 +350,7 @@ def fail(
             "worker_id": worker_id,
             **_HISTORY,
         },
+        **PLAN_EACH,
     ).fetchall()
     return {r[0]: r[1] for r in rows}
 
@@ -339,6 +377,7 @@ def hand_back(
             "worker_id": worker_id,
             **_HISTORY,
         },
+        **PLAN_EACH,
     ).fetchall()
     return dict(found)
 
@@ -353,6 +392,7 @@ def release(
     rows = conn.execute(
         q["release"],
         {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id},
+        **PLAN_EACH,
     ).fetchall()
     return {r[0] for r in rows}
 
@@ -383,6 +423,7 @@ def heartbeat(
             "worker_id": worker_id,
             "lease_seconds": lease_seconds,
         },
+        **PLAN_EACH,
     ).fetchall()
     return Beat({(r[0], r[1]) for r in rows if not r[2]}, {r[0] for r in rows if r[2]})
 
