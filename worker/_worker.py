@@ -569,13 +569,11 @@ class Worker:
             cancelled = [i for i, s in (*kept.items(), *states.items()) if s == "cancelled"]
             kept = {i: s for i, s in kept.items() if s != "cancelled"}
             states = {i: s for i, s in states.items() if s != "cancelled"}
-        # kept holds only jobs that succeeded, states only jobs that did not (see acknowledge).
-        if kept or len(states) < len(jobs):
-            if any(j.outcome and j.outcome.ok for j in jobs):
-                self.hooks.acked(self, "done", list(kept))
-        if states or len(kept) < len(jobs):
-            if any(j.outcome and not j.outcome.ok for j in jobs):
-                self.hooks.acked(self, "failed", states)
+        # kept holds only jobs that succeeded (see acknowledge): its ids are the done ones.
+        if any(j.outcome and j.outcome.ok for j in jobs):
+            self.hooks.acked(self, "done", list(kept))
+        if any(j.outcome and not j.outcome.ok for j in jobs):
+            self.hooks.acked(self, "failed", states)
         if cancelled:
             self.hooks.acked(self, "cancelled", cancelled)
 
