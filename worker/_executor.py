@@ -79,9 +79,6 @@ class Executor:
     def start(self) -> None:
         """Runners start with the first jobs (see submit)."""
 
-    def submit(self, job: Job) -> None:
-        self.submit_many([job])
-
     def submit_many(self, jobs: list[Job]) -> None:
         """Queue jobs for the runners, starting runners for those no idle runner will take."""
         with self._lock:
