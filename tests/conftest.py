@@ -3,6 +3,7 @@ per test, and helpers to run workers in threads or as real processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -145,3 +146,24 @@ def spawn_cli(
     """Start `worker ARGS...` in the background (tests/ is on PYTHONPATH for task modules)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), **(env or {})}
     return subprocess.Popen(worker_cli(*args), env=full_env, cwd=ROOT, text=True, **kwargs)
+
+
+def dashboard_exprs() -> list[str]:
+    """Every PromQL expression the Grafana dashboards in deploy/ hold (panel targets, variable
+    queries), for the deploy tests."""
+    out: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("expr", "definition", "query") and isinstance(value, str):
+                    out.append(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for path in sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json")):
+        walk(json.loads(path.read_text()))
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from conftest import ThreadWorker, states, wait_until
+from conftest import ThreadWorker, dashboard_exprs, states, wait_until
 from opentelemetry.sdk.trace import TracerProvider
 from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -238,25 +238,6 @@ def test_containers_run_as_non_root() -> None:
 
 
 # -- metric names ----------------------------------------------------------------------------------
-
-
-def dashboard_exprs() -> list[str]:
-    out: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("expr", "definition", "query") and isinstance(value, str):
-                    out.append(value)
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    for path in (DEPLOY / "grafana" / "dashboards").glob("*.json"):
-        walk(json.loads(path.read_text()))
-    return out
 
 
 def alert_rules() -> list[dict[str, Any]]:

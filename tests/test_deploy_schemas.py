@@ -23,6 +23,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from conftest import dashboard_exprs
 
 from worker.monitor.instruments import exported_series
 
@@ -212,29 +213,10 @@ def test_series_in_finds_every_name_whatever_its_prefix() -> None:
     assert series_in(expr) == {"wroker_tasks_done_total", "up", "x_bucket"}
 
 
-def dashboard_queries() -> list[str]:
-    out: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("expr", "query", "definition") and isinstance(value, str):
-                    out.append(value)
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    for path in sorted((DEPLOY / "grafana" / "dashboards").glob("*.json")):
-        walk(json.loads(path.read_text()))
-    return out
-
-
 def test_dashboard_and_alerts_select_only_series_the_code_exports() -> None:
     known = exported_series()
     # label_values(SERIES, LABEL): Grafana's variable query; its first argument is a selector.
-    exprs = [re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", q) for q in dashboard_queries()]
+    exprs = [re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", q) for q in dashboard_exprs()]
     rules = docs(DEPLOY / "prometheus" / "alerts.yml")[0]["groups"]
     exprs += [r["expr"] for g in rules for r in g["rules"]]
     used = set().union(*(series_in(e) for e in exprs))

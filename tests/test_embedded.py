@@ -404,3 +404,21 @@ def test_concurrent_user_creation_agrees_on_one_user() -> None:
         assert seen == {(final.pw_uid, final.pw_gid)}
     finally:
         subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="creates a user")
+def test_user_creation_without_its_lock_file_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the lock that orders user creation cannot be made, root gets one line saying what
+    to do instead, not a traceback, and no user is created half-way."""
+    import pwd
+
+    monkeypatch.setattr(pginstall.tempfile, "gettempdir", lambda: "/etc/hostname")  # a file
+    name = f"wtestlock{os.getpid() % 100000}"
+    with pytest.raises(pginstall.EmbeddedError) as caught:
+        pginstall._create_user(name)
+    message = str(caught.value)
+    assert "\n" not in message and "WORKER_EMBEDDED_USER" in message and "lock file" in message
+    with pytest.raises(KeyError):
+        pwd.getpwnam(name)

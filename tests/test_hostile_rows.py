@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pool import kill_tree
 
+from worker import _transitions as tr
 from worker._job import clean_text, decode_payload, display
+from worker._sql import queries
 
 REFUSED = [
     ("run_at '-infinity'", "INSERT INTO {s}.tasks (task, run_at) VALUES ('h.ok', '-infinity')"),
@@ -190,3 +192,23 @@ def test_payload_decoding_agrees_with_json_loads(body: str, before: str, after: 
     what json.loads gives, error or value."""
     text = before + body + after
     assert _decode_or_error(text) == _loads_or_error(text)
+
+
+_ODD_QUEUES = ["a,b", 'say "hi"', "back\\slash", "{brace}", "NULL", " spaced ", "ü\x1f", "x" * 255]
+
+
+def test_queue_names_of_any_shape_reach_the_claim_as_written(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The claim sends its queue names to the server as array text (tr.text_array): commas,
+    quotes, backslashes, braces, the word NULL and spaces in a producer's queue name must come
+    back as the same name, so that each queue's row is claimed from that queue and no other."""
+    q = queries(schema)
+    for name in _ODD_QUEUES:
+        conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', %s)", (name,))
+    me = "00000000-0000-0000-0000-0000000000bb"
+    for name in _ODD_QUEUES:
+        rows = tr.claim(conn, q, queues=[name], limit=10, worker_id=me, lease_seconds=30)
+        assert [r.queue for r in rows] == [name]
+    rows = tr.claim(conn, q, queues=["NULL", "a"], limit=10, worker_id=me, lease_seconds=30)
+    assert rows == []  # all taken, and "a" is not "a,b"

@@ -253,18 +253,23 @@ class Batcher:
         names = [name for name in order if name in self._hot]
         limit = min(self.batch_size, free)
         if not self.limited:
-            rows = tr.claim(
-                conn,
-                self.q,
-                queues=names,
-                limit=limit,
-                worker_id=self.worker_id,
-                lease_seconds=self.lease_seconds,
-                cursor=self.cursor,
-                max_attempts=self._handlers,
-            )
-            return Claim(names, limit, rows)
+            return Claim(names, limit, self._claim_plain(conn, names, limit))
         return self._claim_mixed(conn, names, limit, now)
+
+    def _claim_plain(
+        self, conn: psycopg.Connection, names: list[str], limit: int
+    ) -> list[tr.Claimed]:
+        """The claim statement over unlimited queues, from this worker's cursors."""
+        return tr.claim(
+            conn,
+            self.q,
+            queues=names,
+            limit=limit,
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            cursor=self.cursor,
+            max_attempts=self._handlers,
+        )
 
     def _claim_mixed(
         self, conn: psycopg.Connection, names: list[str], limit: int, now: float
@@ -272,18 +277,7 @@ class Batcher:
         """The unlimited queues in one statement, as usual, then each limited queue in name order
         (the order every worker takes their limit rows in: no deadlock) with what is left."""
         plain = [name for name in names if name not in self.limited]
-        rows: list[tr.Claimed] = []
-        if plain:
-            rows = tr.claim(
-                conn,
-                self.q,
-                queues=plain,
-                limit=limit,
-                worker_id=self.worker_id,
-                lease_seconds=self.lease_seconds,
-                cursor=self.cursor,
-                max_attempts=self._handlers,
-            )
+        rows = self._claim_plain(conn, plain, limit) if plain else []
         got = Claim(plain, limit, rows, unlimited_rows=len(rows))
         for name in sorted(n for n in names if n in self.limited):
             left = limit - len(got.rows)

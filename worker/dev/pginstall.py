@@ -191,7 +191,15 @@ def _create_user(name: str) -> pwd.struct_passwd:
     # new machine) both succeeded, and the second rewrote the user with other ids after the first
     # had handed its data folder to the first ones.
     lock_path = Path(tempfile.gettempdir()) / f"worker-useradd-{name}.lock"
-    with open(lock_path, "a") as lock:
+    try:
+        lock = open(lock_path, "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise EmbeddedError(
+            f"running as root needs an unprivileged user, and creating it needs the lock file "
+            f"{lock_path} ({exc.strerror}): create the user and set WORKER_EMBEDDED_USER, or set "
+            "WORKER_DSN to use a server"
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return pwd.getpwnam(name)  # created by another process while we waited
