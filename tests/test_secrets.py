@@ -5,6 +5,7 @@ scrubbed from logs".)"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -275,3 +276,37 @@ def test_no_password_on_any_http_surface(
             assert PW not in body, (path, body[:300])
     finally:
         server.stop()
+
+
+def test_the_benchmark_puts_no_password_on_its_workers_command_lines(pg_dsn: str) -> None:
+    """`worker bench` starts real `worker run` processes for each phase: watched from outside
+    while it runs, none of its descendants ever shows the DSN's password in its command line."""
+    dsn = _with_password(pg_dsn, "url")
+    tiny = ("--tasks", "300", "--processes", "2", "--concurrency", "10", "--light-rate", "0")
+    proc = spawn_cli(
+        "bench",
+        *tiny,
+        *("--latency-rate", "200", "--latency-tasks", "200", "--no-limit-phases"),
+        env={"WORKER_DSN": dsn},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    seen: dict[int, str] = {}
+    try:
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                for kid in root.children(recursive=True):
+                    seen.setdefault(kid.pid, _cmdline(kid.pid))
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    workers = [line for line in seen.values() if " run " in line]
+    assert len(workers) >= 2, seen  # the drain's pool and the latency phase's pool were watched
+    for pid, line in seen.items():
+        assert PW not in line, (pid, line)
+    assert PW not in out + err

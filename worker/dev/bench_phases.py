@@ -82,20 +82,18 @@ def truncate(conn: psycopg.Connection, *, finished: int = 0, delayed: int = 0) -
 
 
 def worker_command(
-    dsn: str,
     args: argparse.Namespace,
     *extra: str,
     keep_done: float | None = None,
 ) -> list[str]:
-    """The real `worker run` over the bench schema, with the benchmark's settings."""
+    """The real `worker run` over the bench schema, with the benchmark's settings. The DSN goes
+    in the environment (WORKER_DSN, see worker_env), never on the command line: `ps` shows that."""
     cmd = [
         sys.executable,
         "-m",
         "worker",
         "run",
         "worker.dev.bench_tasks",
-        "--dsn",
-        dsn,
         "--schema",
         BENCH_SCHEMA,
         "--processes",
@@ -117,13 +115,17 @@ def worker_command(
     return cmd
 
 
+def worker_env(dsn: str) -> dict[str, str]:
+    return {**os.environ, "WORKER_DSN": dsn}
+
+
 def drain(dsn: str, args: argparse.Namespace, n: int) -> Drain:
     """Run the real `worker run --burst` and time first claim to last acknowledgement."""
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as fh:
         report = fh.name
-    cmd = worker_command(dsn, args, "--burst", "--report", report)
+    cmd = worker_command(args, "--burst", "--report", report)
     try:
-        subprocess.run(cmd, check=True, env={**os.environ, "WORKER_DSN": dsn})
+        subprocess.run(cmd, check=True, env=worker_env(dsn))
         lines = [json.loads(x) for x in Path(report).read_text().splitlines() if x.strip()]
     finally:
         os.unlink(report)
@@ -169,8 +171,8 @@ def serve(
     """
     q = queries(BENCH_SCHEMA)
     extra = ["--queues", ",".join(served)] if served else []
-    cmd = worker_command(dsn, args, *extra, keep_done=_KEEP_MEASURED)
-    proc = subprocess.Popen(cmd, env={**os.environ, "WORKER_DSN": dsn})
+    cmd = worker_command(args, *extra, keep_done=_KEEP_MEASURED)
+    proc = subprocess.Popen(cmd, env=worker_env(dsn))
     try:
         deadline = time.monotonic() + _START_TIMEOUT
         while conn.execute(q["bench_workers_alive"]).fetchone()[0] < args.processes:
