@@ -574,8 +574,8 @@ def test_a_notification_without_ids_makes_the_worker_read_the_marks(
     # A long lease puts the heartbeats 100 s apart, so none reads the mark in the 1.5 s below.
     with thread_worker(reg, lease_seconds=300) as tw:
         assert running.wait(10)
-        wait_until(lambda: tw.worker.listener.connected, timeout=10)
-        # Connecting, the listener asked the lease keeper to read the marks once (rows may have
+        wait_until(lambda: tw.worker.listening, timeout=10)
+        # Listening, the worker asked the lease keeper to read the marks once (rows may have
         # been marked while nobody listened), and a claim asks it to renew: let both be done
         # before the mark, or a busy machine makes that read see it.
         lease = tw.worker.lease

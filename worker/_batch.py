@@ -152,7 +152,10 @@ class Batcher:
         )
 
     def next_deadline(self) -> float:
-        """Monotonic time of the next poll, promotion or start a rate limit allows."""
+        """Monotonic time of the next poll, promotion or start a rate limit allows; 0 while a
+        queue waits to be read (after a failed claim, say, with nothing else to wake the loop)."""
+        if self._hot:
+            return 0.0
         return min(self._poll_at, self._promote_at, self._limit_at)
 
     # -- the statements ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ for the block; a DSN gets a short-lived autocommit connection of its own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -47,8 +47,10 @@ class OwnConnection:
         timeout_ms: int | None = None,
         timeout_query: Any = None,
         plans_query: Any = None,
+        on_connect: Callable[[psycopg.Connection], None] | None = None,
     ) -> None:
         self.dsn = dsn
+        self.on_connect = on_connect
         self.name = name
         self.prepare = prepare
         self.timeout_ms = timeout_ms
@@ -69,6 +71,8 @@ class OwnConnection:
                 self._conn.execute(self.timeout_query, {"ms": str(self.timeout_ms)})
             if self.prepare and self.plans_query is not None:
                 self._conn.execute(self.plans_query)
+            if self.on_connect is not None:
+                self.on_connect(self._conn)
         return self._conn
 
     def close(self) -> None:

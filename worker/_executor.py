@@ -25,7 +25,7 @@ import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from . import _hooks
 from ._errors import Cancelled, DoNotRetry
@@ -42,6 +42,12 @@ MakeContext = Callable[[Job], Context]
 StoresResult = Callable[[TaskDef], bool]
 
 
+class Reports(Protocol):
+    """Where runners report to the main thread (``_inbox.Inbox``)."""
+
+    def put(self, item: Any) -> None: ...
+
+
 class Executor:
     """Up to ``concurrency`` runner threads, plus replacements for retired ones.
 
@@ -52,7 +58,7 @@ class Executor:
     def __init__(
         self,
         concurrency: int,
-        events: queue_mod.SimpleQueue[Any],
+        events: Reports,
         *,
         context: MakeContext,
         transactional: TransactionalRun,

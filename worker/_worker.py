@@ -3,7 +3,8 @@
 Four kinds of thread, each with one job and its own connection, so none can delay another:
 
 * the main thread (this module) claims and acknowledges: one transaction per batch that
-  acknowledges the finished jobs and claims the next rows, and nothing else;
+  acknowledges the finished jobs and claims the next rows, and nothing else. Its connection
+  also LISTENs, and the loop sleeps on that socket and on what the others report (``_inbox``);
 * runner threads (``_executor``) run handlers and report outcomes as plain values;
 * the lease keeper (``_lease``) renews the leases of every job the process holds, and reads
   cancel requests when no listener can hear them;
@@ -15,7 +16,7 @@ arrive, keeps renewing the running ones through the grace period, then hands bac
 Over 500 lines on purpose: the loop, its batches and its stop are one piece because they are the
 only code that moves jobs between states (the rule that keeps the other threads lock-free); what
 could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings,
-_cancel.
+_cancel, _inbox.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ._cron import make_ticker
 from ._errors import Cancelled, LostLease, PayloadError
 from ._executor import Executor, cancel
 from ._hooks import Hooks
+from ._inbox import Inbox
 from ._job import Job, JobTable, Outcome, State, clean_text, decode_payload, display, format_error
 from ._lease import LeaseKeeper
 from ._listener import Listener
@@ -97,7 +99,7 @@ class Worker:
         self._done_channel = results.done_channel(config.schema)
         self._stop = threading.Event()
         self._stop_now = threading.Event()
-        self._events: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        self._events = Inbox()  # what the other threads report, and the notifications
         self.table = JobTable(_OVERDUE_MARGIN)  # every job this process holds
         self.batcher = Batcher(
             self.q,
@@ -113,12 +115,22 @@ class Worker:
             stores_result=self.stores_result,
         )
         self._last_claim = 0.0
+        # LISTEN for new rows and for cancel requests: on the main thread's own connection, or
+        # behind PgBouncer in transaction mode on the listener's (listen_dsn); neither: poll.
+        self._channels = {
+            notify_channel(config.schema): lambda p: self._events.put(("notify", p)),
+            cancel_channel(config.schema): self._cancel_notified,
+        }
+        self.listener: Listener | None = None
+        if config.listen and config.listen_dsn:
+            self.listener = Listener(config.listen_dsn, self._channels)
         # The main thread's own connection, made again after an error (no pool backoff).
         self._conn = OwnConnection(
             config.dsn,
             name="worker",
             prepare=config.prepare,
             plans_query=self.q["session_index_plans"],
+            on_connect=self._listen if config.listen and not config.listen_dsn else None,
         )
         self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
         self.exit_code = 0
@@ -147,16 +159,6 @@ class Worker:
             on_cancel=lambda ids: self._events.put(("cancel", ids)),
             polling=self._cannot_listen,
         )
-        # LISTEN for new rows and for cancel requests; None: poll (see _lease for cancels).
-        self.listener: Listener | None = None
-        if config.listen:
-            self.listener = Listener(
-                config.listen_dsn or config.dsn,
-                {
-                    notify_channel(config.schema): lambda p: self._events.put(("notify", p)),
-                    cancel_channel(config.schema): self._cancel_notified,
-                },
-            )
         self.maintenance = Maintenance(
             config.dsn,
             self.q,
@@ -173,7 +175,7 @@ class Worker:
             # Never offer a slot older than cron rows are kept: a purged slot could run again.
             cron=make_ticker(config.schema, horizon_seconds=config.cron_keep_seconds),
             probe=self._probe,
-            notified=lambda: self.listener is not None and self.listener.connected,
+            notified=lambda: self.listening,
             vacuum=Vacuumer(self.q, config.schema),
             prepare=config.prepare,
         )
@@ -197,6 +199,19 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def listening(self) -> bool:
+        """Whether notifications reach this process right now (else it polls)."""
+        if self.listener is not None:
+            return self.listener.connected
+        return self._events.listening
+
+    def _listen(self, conn: psycopg.Connection) -> None:
+        """The main thread's connection was made: LISTEN on it. If it breaks while the loop
+        sleeps, claim at once, which connects again (see _inbox)."""
+        lost = ("notify", None)
+        self._events.listen(conn, self._channels, on_lost=lambda: self._events.put(lost))
 
     def run(self) -> int:
         cfg = self.config
@@ -259,6 +274,7 @@ class Worker:
                 service.stop()
             self.pool.close(timeout=2)
             self._conn.close()
+            self._events.close()
             self.hooks.stopped(self)
         return self.exit_code
 
@@ -454,8 +470,8 @@ class Worker:
             cancel(job)
 
     def _cancel_notified(self, payload: str | None) -> None:
-        """On the listener thread: a notification on the cancel channel. Only the ids this
-        process holds wake the main thread."""
+        """A notification on the cancel channel (on the main thread, or the listener's). Only
+        the ids this process holds wake the main loop."""
         ids = _cancel.parse_payload(payload)
         if ids is None:  # no ids (too many to list, or a reconnection): read the marks
             self.lease.check_cancels()
@@ -465,8 +481,8 @@ class Worker:
             self._events.put(("cancel", held))
 
     def _cannot_listen(self) -> bool:
-        """Whether cancel requests must be polled for: no listener, or it is reconnecting."""
-        return self.listener is None or not self.listener.connected
+        """Whether cancel requests must be polled for: nobody listens, or not right now."""
+        return not self.listening
 
     def _check_deadlines(self, now: float) -> None:
         """Write off handlers past their timeout: their rows stay leased until they return."""

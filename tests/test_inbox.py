@@ -1,0 +1,198 @@
+"""The main loop hears NOTIFY on its own claim connection (``_inbox``): no listener thread, one
+connection fewer per process. What could go wrong with that, tried: the connection is cut while
+the loop sleeps on it, the server restarts under an idle worker, reports from other threads race
+the loop going to sleep. Each test uses a poll interval of a minute, so only a notification can
+explain a task that starts within seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from conftest import wait_until
+from test_pool import spawned, worker_env
+
+import worker
+from worker._inbox import Inbox
+from worker.dev.embedded import EmbeddedPostgres
+
+SLOW_POLL = 60.0
+
+
+def _claim_backend(tw) -> int:
+    conn = tw.worker._conn._conn
+    assert conn is not None and not conn.closed
+    return conn.info.backend_pid
+
+
+def test_an_idle_worker_hears_again_each_time_its_connection_is_cut(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """pg_terminate_backend on the worker's claim connection while it sleeps on it, three times.
+    Each time a task is inserted by SQL at once, before the worker can have listened again, and
+    another once it has: both start within seconds, though the worker polls once a minute."""
+    ran: list[int] = []
+    reg = worker.Registry()
+    reg.task("ping")(lambda p: ran.append(p["n"]))
+    with thread_worker(reg, poll_interval=SLOW_POLL) as tw:
+        wait_until(lambda: tw.worker.listening, timeout=10)
+        time.sleep(0.5)  # asleep on the socket
+        for round_ in range(3):
+            old = _claim_backend(tw)
+            assert conn.execute("SELECT pg_terminate_backend(%s)", (old,)).fetchone()[0]
+            conn.execute(
+                f"INSERT INTO {schema}.tasks (task, payload) VALUES ('ping', %s)",
+                (psycopg.types.json.Jsonb({"n": 2 * round_}),),
+            )
+            wait_until(lambda r=round_: 2 * r in ran, timeout=10)
+            wait_until(lambda o=old: tw.worker.listening and _claim_backend(tw) != o, timeout=10)
+            time.sleep(0.3)
+            conn.execute(
+                f"INSERT INTO {schema}.tasks (task, payload) VALUES ('ping', %s)",
+                (psycopg.types.json.Jsonb({"n": 2 * round_ + 1}),),
+            )
+            wait_until(lambda r=round_: 2 * r + 1 in ran, timeout=10)
+    assert sorted(ran) == list(range(6))
+
+
+@pytest.fixture
+def private_server(tmp_path: Path):
+    server = EmbeddedPostgres(tmp_path / "pgdata", durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _count_done(dsn: str, schema: str) -> int | None:
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as c:
+            sql = f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+            return c.execute(sql).fetchone()[0]
+    except psycopg.Error:
+        return None
+
+
+def test_an_idle_worker_process_hears_again_after_the_database_restarts(
+    private_server: EmbeddedPostgres,
+) -> None:
+    """A real `worker run` idles (polling once a minute) while its server is stopped for two
+    seconds and started again. A task inserted by SQL afterwards starts within seconds."""
+    dsn = private_server.start()
+    schema = "inbox"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        worker.migrate(c, schema)
+    args = ["run", "tasks_module", "--schema", schema, "--processes", "1"]
+    args += ["--poll-interval", str(SLOW_POLL)]
+    with spawned(*args, env=worker_env(dsn, schema)) as proc:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            wait_until(
+                lambda: c.execute(f"SELECT count(*) FROM {schema}.workers").fetchone()[0] == 1,
+                timeout=30,
+            )
+            c.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('noop')")
+            wait_until(lambda: _count_done(dsn, schema) == 1, timeout=10)
+        private_server.stop()
+        time.sleep(2)
+        assert private_server.start() == dsn
+        time.sleep(3)  # the worker reconnects (its loop retries within a second) and listens
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('noop')")
+        wait_until(lambda: _count_done(dsn, schema) == 2, timeout=10)
+        assert proc.poll() is None
+
+
+def test_a_worker_process_holds_three_connections(pg_dsn: str, schema: str) -> None:
+    """What the README says a worker process costs the server: the main thread's connection
+    (claims, acknowledgements, LISTEN), the lease keeper's and maintenance's; a transactional
+    handler adds one while it runs. Counted from the server's side, by the process's sockets."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        worker.migrate(c, schema)
+        args = ["run", "tasks_module", "--schema", schema, "--processes", "1"]
+        with spawned(*args, env=worker_env(pg_dsn, schema)) as proc:
+            wait_until(
+                lambda: c.execute(f"SELECT count(*) FROM {schema}.workers").fetchone()[0] == 1,
+                timeout=30,
+            )
+            c.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('noop')")
+            wait_until(lambda: _count_done(pg_dsn, schema) == 1, timeout=10)
+            time.sleep(1.0)
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            ports = set()
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    ports |= {k.laddr.port for k in p.net_connections("tcp") if k.raddr}
+            assert ports, "the worker holds no TCP connection: is the test DSN a socket?"
+            rows = c.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE client_port = ANY(%s)",
+                (sorted(ports),),
+            ).fetchall()
+    assert sorted(r[0] for r in rows) == ["worker", "worker-lease", "worker-maintenance"]
+
+
+def test_reports_racing_the_loop_to_sleep_are_never_missed(pg_dsn: str) -> None:
+    """Another thread puts one report at a time and waits for the loop to take it before the
+    next, 3,000 times, while the loop sleeps on a listening connection with a long timeout. A
+    wake-up lost between the loop's last look and its sleep would leave one report waiting for
+    the timeout, and the round would not finish in time."""
+    inbox = Inbox()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        inbox.listen(conn, {"inbox_race": lambda p: None})
+        assert inbox.listening
+        taken = threading.Semaphore(0)
+        stalls: list[int] = []
+
+        def producer() -> None:
+            for i in range(3000):
+                inbox.put(i)
+                if not taken.acquire(timeout=5):
+                    stalls.append(i)
+                    return
+
+        t = threading.Thread(target=producer)
+        t.start()
+        got: list[int] = []
+        while len(got) < 3000 and not stalls:
+            with contextlib.suppress(Exception):
+                got.append(inbox.get(timeout=20))
+                taken.release()
+        t.join(10)
+    inbox.close()
+    assert not stalls and got == list(range(3000))
+    inbox.put("after close")  # a runner finishing after the loop stopped: no error
+
+
+def test_notifications_reach_their_callbacks_from_sleep_and_from_statements(pg_dsn: str) -> None:
+    """A notification that arrives while the loop sleeps, and one that arrives while the loop
+    runs a statement on the same connection (psycopg reads it with the results), both reach the
+    channel's callback, with their payloads, and wake the loop."""
+    inbox = Inbox()
+    heard: list[str | None] = []
+
+    def on_note(payload: str | None) -> None:
+        heard.append(payload)
+        inbox.put(("note", payload))
+
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as conn,
+        psycopg.connect(pg_dsn, autocommit=True) as other,
+    ):
+        inbox.listen(conn, {"inbox_notes": on_note})
+        assert heard == [None]  # listening: whatever came before may have been missed
+        assert inbox.get(timeout=1) == ("note", None)
+        threading.Timer(0.3, lambda: other.execute("NOTIFY inbox_notes, 'asleep'")).start()
+        t0 = time.monotonic()
+        assert inbox.get(timeout=10) == ("note", "asleep")
+        assert time.monotonic() - t0 < 5
+        other.execute("NOTIFY inbox_notes, 'busy'")
+        time.sleep(0.2)
+        conn.execute("SELECT 1").fetchone()  # the notification comes in with this result
+        assert inbox.get(timeout=10) == ("note", "busy")
+    inbox.close()
+    assert heard == [None, "asleep", "busy"]

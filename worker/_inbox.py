@@ -1,0 +1,157 @@
+"""The main loop's inbox: what the worker's other threads report, and the notifications that
+reach the claim connection, waited for together.
+
+The loop sleeps in one ``select`` on two descriptors: a pipe that ``put`` writes to while the loop
+sleeps, and, when the claim connection listens (``listen``), that connection's socket, where
+NOTIFY lands. So a notification wakes the thread that claims, with no listener thread and no
+hand-over between threads on the way, and a worker process keeps one connection fewer.
+Notifications that arrive while a statement runs are taken by psycopg as it reads the results,
+and are handed to the same callbacks.
+
+Where the claim connection cannot LISTEN (behind PgBouncer in transaction mode, with a
+``listen_dsn``), ``_listener``'s thread listens on a connection of its own and ``put``s here like
+any other thread. If the listening connection breaks while the loop sleeps, the inbox closes it
+and reports ``lost`` once; the next claim connects again, and ``listen`` calls every callback
+with None, since notifications may have been sent while nobody listened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue as queue_mod
+import select
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger("worker")
+
+Callback = Callable[[str | None], None]
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self._q: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._sleeping = False
+        self._pipe_lock = threading.Lock()  # no write to a pipe being closed (see close)
+        self._conn: psycopg.Connection | None = None
+        self._channels: dict[str, Callback] = {}
+        self._on_lost: Callable[[], None] = lambda: None
+
+    # -- any thread ------------------------------------------------------------------------------
+
+    def put(self, item: Any) -> None:
+        self._q.put(item)
+        # Read after the item is queued: a loop that set the flag after this read finds the item
+        # when it looks again before sleeping (see get).
+        if self._sleeping:
+            with self._pipe_lock, contextlib.suppress(BlockingIOError):
+                if self._w >= 0:  # a full pipe (BlockingIOError) wakes the loop anyway
+                    os.write(self._w, b"\0")
+
+    @property
+    def listening(self) -> bool:
+        """Whether the claim connection has its LISTEN in place right now."""
+        conn = self._conn
+        return conn is not None and not conn.closed
+
+    # -- the main thread -------------------------------------------------------------------------
+
+    def listen(
+        self,
+        conn: psycopg.Connection,
+        channels: Mapping[str, Callback],
+        on_lost: Callable[[], None] = lambda: None,
+    ) -> None:
+        """LISTEN on ``conn`` (autocommit, idle), which the main thread uses for its statements."""
+        for channel in channels:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        self._channels = dict(channels)
+        self._on_lost = on_lost
+        if self._conn is not conn:
+            conn.add_notify_handler(self._notified)
+        self._conn = conn
+        for callback in self._channels.values():
+            callback(None)  # something may have come while we were not listening
+
+    def get_nowait(self) -> Any:
+        """The next report, or ``queue.Empty``. Notifications already read are reported first."""
+        if self._conn is not None:
+            self._take()
+        return self._q.get_nowait()
+
+    def get(self, timeout: float) -> Any:
+        """The next report, waiting up to ``timeout`` seconds; ``queue.Empty`` if none came."""
+        with contextlib.suppress(queue_mod.Empty):
+            return self.get_nowait()
+        conn = self._conn
+        if conn is None or conn.closed:
+            return self._q.get(timeout=timeout)
+        self._sleeping = True
+        try:
+            with contextlib.suppress(queue_mod.Empty):
+                return self._q.get_nowait()  # put between the two looks: it did not write
+            try:
+                select.select([conn.pgconn.socket, self._r], [], [], timeout)
+            except (OSError, ValueError):  # the socket went away: fall back on the queue
+                self._drop(conn)
+                return self._q.get(timeout=timeout)
+        finally:
+            self._sleeping = False
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._r, 4096)
+        if not conn.closed:
+            try:
+                conn.pgconn.consume_input()
+            except psycopg.Error:
+                self._drop(conn)
+            else:
+                if conn.pgconn.status != psycopg.pq.ConnStatus.OK:
+                    self._drop(conn)
+        return self.get_nowait()
+
+    def close(self) -> None:
+        """After the loop: runners that still finish may put, and must not write to a number
+        the process has given to another file since."""
+        with self._pipe_lock:
+            for fd in (self._r, self._w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._r = self._w = -1
+
+    def _take(self) -> None:
+        """Hand the notifications libpq has read to their callbacks (no I/O)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        pgconn = conn.pgconn
+        handler = pgconn.notify_handler  # psycopg's: decodes, then calls _notified
+        while (note := pgconn.notifies()) is not None:
+            if handler is not None:
+                handler(note)
+
+    def _notified(self, note: psycopg.Notify) -> None:
+        callback = self._channels.get(note.channel)
+        if callback is not None:
+            callback(note.payload)
+
+    def _drop(self, conn: psycopg.Connection) -> None:
+        """The listening connection broke while idle: close it (the next statement connects
+        again, and listens) and say so once."""
+        log.info("the claim connection was lost while waiting for notifications; reconnecting")
+        with contextlib.suppress(Exception):
+            conn.close()
+        if self._conn is conn:
+            self._conn = None
+            self._on_lost()
+
+
+__all__ = ["Inbox"]
