@@ -7,6 +7,9 @@ explain a task that starts within seconds."""
 from __future__ import annotations
 
 import contextlib
+import queue as queue_mod
+import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -137,10 +140,11 @@ def test_a_worker_process_holds_three_connections(pg_dsn: str, schema: str) -> N
 
 
 def test_reports_racing_the_loop_to_sleep_are_never_missed(pg_dsn: str) -> None:
-    """Another thread puts one report at a time and waits for the loop to take it before the
-    next, 3,000 times, while the loop sleeps on a listening connection with a long timeout. A
-    wake-up lost between the loop's last look and its sleep would leave one report waiting for
-    the timeout, and the round would not finish in time."""
+    """Another thread puts reports in pairs, the second after a random pause so that it lands
+    anywhere on the loop's way back to sleep, and waits for both to be taken before the next
+    pair; 3,000 pairs, while the loop sleeps on a listening connection with a long timeout. A
+    wake-up lost between the loop's last look at the queue and its sleep would leave the second
+    report waiting for the timeout, and the pair would not be taken in time."""
     inbox = Inbox()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         inbox.listen(conn, {"inbox_race": lambda p: None})
@@ -149,23 +153,74 @@ def test_reports_racing_the_loop_to_sleep_are_never_missed(pg_dsn: str) -> None:
         stalls: list[int] = []
 
         def producer() -> None:
-            for i in range(3000):
+            pauses = random.Random(7)
+            for i in range(0, 6000, 2):
                 inbox.put(i)
-                if not taken.acquire(timeout=5):
+                spin = time.perf_counter() + pauses.uniform(0, 60e-6)
+                while time.perf_counter() < spin:
+                    pass
+                inbox.put(i + 1)
+                if not (taken.acquire(timeout=5) and taken.acquire(timeout=5)):
                     stalls.append(i)
                     return
 
         t = threading.Thread(target=producer)
-        t.start()
-        got: list[int] = []
-        while len(got) < 3000 and not stalls:
-            with contextlib.suppress(Exception):
-                got.append(inbox.get(timeout=20))
-                taken.release()
-        t.join(10)
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # threads change hands between almost any two bytecodes
+        try:
+            t.start()
+            got: list[int] = []
+            while len(got) < 6000 and not stalls:
+                with contextlib.suppress(queue_mod.Empty):
+                    got.append(inbox.get(timeout=20))
+                    taken.release()
+            t.join(10)
+        finally:
+            sys.setswitchinterval(switch)
     inbox.close()
-    assert not stalls and got == list(range(3000))
+    assert not stalls and got == list(range(6000))
     inbox.put("after close")  # a runner finishing after the loop stopped: no error
+
+
+class _PutAfterFirstLook:
+    """The inbox's queue, except that its first empty look lets another thread put a report
+    right then, before the loop has said it is going to sleep: the worst moment for a put."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+        self.real: queue_mod.SimpleQueue[object] = inbox._q
+        self.looks = 0
+
+    def put(self, item: object) -> None:
+        self.real.put(item)
+
+    def get(self, timeout: float | None = None) -> object:
+        return self.real.get(timeout=timeout)
+
+    def get_nowait(self) -> object:
+        try:
+            return self.real.get_nowait()
+        except queue_mod.Empty:
+            self.looks += 1
+            if self.looks == 1:
+                t = threading.Thread(target=self.inbox.put, args=("late",))
+                t.start()
+                t.join()
+            raise
+
+
+def test_a_report_put_just_before_the_loop_sleeps_wakes_it(pg_dsn: str) -> None:
+    """The interleaving the stress test above hunts for, forced: a report put after the loop's
+    first look found the queue empty and before it sleeps is taken at once, not after the wait's
+    timeout."""
+    inbox = Inbox()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        inbox.listen(conn, {"inbox_late": lambda p: None})
+        inbox._q = _PutAfterFirstLook(inbox)  # type: ignore[assignment]
+        t0 = time.monotonic()
+        assert inbox.get(timeout=10) == "late"
+        assert time.monotonic() - t0 < 5
+    inbox.close()
 
 
 def test_notifications_reach_their_callbacks_from_sleep_and_from_statements(pg_dsn: str) -> None:
@@ -196,3 +251,29 @@ def test_notifications_reach_their_callbacks_from_sleep_and_from_statements(pg_d
         assert inbox.get(timeout=10) == ("note", "busy")
     inbox.close()
     assert heard == [None, "asleep", "busy"]
+
+
+def test_a_cut_connection_is_reported_once_and_never_raises_into_the_loop(pg_dsn: str) -> None:
+    """The server ends the listening connection while the loop sleeps on it: the loop's waits
+    go on without an exception (an exception there would end the worker's loop), the inbox
+    stops claiming to listen, and says it lost the connection exactly once."""
+    inbox = Inbox()
+    lost: list[int] = []
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as conn,
+        psycopg.connect(pg_dsn, autocommit=True) as other,
+    ):
+        inbox.listen(conn, {"inbox_cut": lambda p: None}, on_lost=lambda: lost.append(1))
+        pid = conn.info.backend_pid
+        cut = "SELECT pg_terminate_backend(%s)"
+        threading.Timer(0.3, lambda: other.execute(cut, (pid,))).start()
+        deadline = time.monotonic() + 10
+        while inbox.listening and time.monotonic() < deadline:
+            with contextlib.suppress(queue_mod.Empty):
+                inbox.get(timeout=1)
+        assert not inbox.listening
+        for _ in range(3):
+            with contextlib.suppress(queue_mod.Empty):
+                inbox.get(timeout=0.05)
+    inbox.close()
+    assert lost == [1]

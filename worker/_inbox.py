@@ -101,7 +101,7 @@ class Inbox:
                 return self._q.get_nowait()  # put between the two looks: it did not write
             try:
                 select.select([conn.pgconn.socket, self._r], [], [], timeout)
-            except (OSError, ValueError):  # the socket went away: fall back on the queue
+            except (OSError, ValueError, psycopg.Error):  # no socket any more
                 self._drop(conn)
                 return self._q.get(timeout=timeout)
         finally:

@@ -42,7 +42,9 @@ class Listener:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(
+                    self.dsn, autocommit=True, connect_timeout=5, application_name="worker-listen"
+                ) as conn:
                     for channel in self.channels:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     backoff = 0.5
