@@ -1,7 +1,8 @@
 """The listener: a thread with a connection of its own that turns NOTIFY into wake-ups.
 
-Optional: without it a worker polls. Behind PgBouncer in transaction mode LISTEN needs a direct
-connection (``listen_dsn``). It listens on one or more channels, each with its own callback
+Only behind PgBouncer in transaction mode, where LISTEN needs a direct connection
+(``listen_dsn``); otherwise the main loop listens on its claim connection (``_inbox``), and
+without either a worker polls. It listens on one or more channels, each with its own callback
 (new rows, and cancel requests: see ``_cancel``). After a (re)connection it calls every callback
 once with None, since notifications may have been sent while nobody listened; ``connected``
 says whether LISTEN is in place right now, so that others can poll while it is not.
