@@ -153,6 +153,30 @@ def test_an_async_handler_is_cancelled_within_a_second_of_worker_cancel(
         assert len(runs(conn, schema, task_id)) == 1
 
 
+def test_a_cancel_lands_while_every_slot_is_taken(
+    pg_dsn: str, conn: psycopg.Connection, tables: str
+) -> None:
+    """All four slots run minute-long tasks, so the worker cannot claim and its loop waits on
+    the runners only (see _inbox's busy wait). A cancel request still lands within the promise:
+    the loop reads its socket when nothing else comes, though no heartbeat is due for 10 s."""
+    schema = tables
+    ids = [enqueue(conn, schema, "cx.async_sleep", s=60) for _ in range(4)]
+    with running_worker(pg_dsn, schema):
+        for task_id in ids:
+            started(conn, schema, task_id)
+        time.sleep(0.5)
+        r = run_cli("cancel", str(ids[2]), "--dsn", pg_dsn, "--schema", schema)
+        assert r.returncode == 0, r.stderr
+        done = ended_cancelled(conn, schema, ids[2])
+        assert 0 <= latency(done) < PROMISE, latency(done)
+        assert [row(conn, schema, i)["state"] for i in ids] == [
+            "in_progress",
+            "in_progress",
+            "cancelled",
+            "in_progress",
+        ]
+
+
 def test_a_sync_handler_checking_ctx_stops(
     pg_dsn: str, conn: psycopg.Connection, tables: str
 ) -> None:

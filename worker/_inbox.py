@@ -33,10 +33,17 @@ log = logging.getLogger("worker")
 
 Callback = Callable[[str | None], None]
 
+# Longest a busy loop (no free slots) goes without reading the socket: how late a cancel request
+# can be heard while every slot runs a long task.
+BUSY_LOOK = 0.02
+
 
 class Inbox:
     def __init__(self) -> None:
         self._q: queue_mod.SimpleQueue[Any] = queue_mod.SimpleQueue()
+        # After get or get_nowait: the reports queued since, with nothing else looked at (the
+        # loop takes a busy drain's outcomes with it, one C call each).
+        self.more = self._q.get_nowait
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
@@ -51,11 +58,14 @@ class Inbox:
     def put(self, item: Any) -> None:
         self._q.put(item)
         # Read after the item is queued: a loop that set the flag after this read finds the item
-        # when it looks again before sleeping (see get).
+        # when it looks again before sleeping (see get). The first put to find it asleep wakes
+        # it and clears the flag, so a burst of reports costs one write, not one each.
         if self._sleeping:
-            with self._pipe_lock, contextlib.suppress(BlockingIOError):
-                if self._w >= 0:  # a full pipe (BlockingIOError) wakes the loop anyway
-                    os.write(self._w, b"\0")
+            with self._pipe_lock:
+                if self._sleeping and self._w >= 0:
+                    self._sleeping = False
+                    with contextlib.suppress(BlockingIOError):  # a full pipe wakes it anyway
+                        os.write(self._w, b"\0")
 
     @property
     def listening(self) -> bool:
@@ -88,27 +98,41 @@ class Inbox:
             self._take()
         return self._q.get_nowait()
 
-    def get(self, timeout: float) -> Any:
-        """The next report, waiting up to ``timeout`` seconds; ``queue.Empty`` if none came."""
+    def get(self, timeout: float, *, busy: bool = False) -> Any:
+        """The next report, waiting up to ``timeout`` seconds; ``queue.Empty`` if none came.
+
+        ``busy``: the loop cannot claim now (its slots are taken), so a new row can wait; only
+        a cancel request should not. It then waits on the queue alone, as cheaply as a thread
+        can, for at most BUSY_LOOK seconds, and looks at the socket only if nothing came: a busy
+        drain, where runners report many times a second, never pays for the socket."""
         with contextlib.suppress(queue_mod.Empty):
             return self.get_nowait()
         conn = self._conn
         if conn is None or conn.closed:
             return self._q.get(timeout=timeout)
+        if busy:
+            try:
+                return self._q.get(timeout=min(timeout, BUSY_LOOK))
+            except queue_mod.Empty:
+                timeout = 0.0  # nothing came: read what the socket holds, without waiting
         self._sleeping = True
         try:
-            with contextlib.suppress(queue_mod.Empty):
-                return self._q.get_nowait()  # put between the two looks: it did not write
             try:
-                select.select([conn.pgconn.socket, self._r], [], [], timeout)
+                return self._q.get_nowait()  # put between the two looks: it did not write
+            except queue_mod.Empty:
+                pass
+            try:
+                sock = conn.pgconn.socket
+                ready = select.select([sock, self._r], [], [], timeout)[0]
             except (OSError, ValueError, psycopg.Error):  # no socket any more
                 self._drop(conn)
                 return self._q.get(timeout=timeout)
         finally:
             self._sleeping = False
-        with contextlib.suppress(BlockingIOError):
-            os.read(self._r, 4096)
-        if not conn.closed:
+        if self._r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._r, 4096)
+        if sock in ready and not conn.closed:
             try:
                 conn.pgconn.consume_input()
             except psycopg.Error:

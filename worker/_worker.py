@@ -286,7 +286,7 @@ class Worker:
         more = True  # the last claim came back full: claim again without waiting
         while not self._stop.is_set():
             wait = 0.0 if more else self._wait_time()
-            self._collect(block=wait > 0, timeout=wait)
+            self._collect(block=wait > 0, timeout=wait, busy=not self._can_claim())
             try:
                 now = time.monotonic()
                 self._check_deadlines(now)
@@ -346,6 +346,11 @@ class Worker:
                 os.utime(self._liveness)
             self._touched = now
 
+    def _can_claim(self) -> bool:
+        """Whether a notification of new rows could be acted on now. When not (every slot
+        taken, or too few free to claim yet), it can wait for the loop's next wake-up."""
+        return self._ready_to_claim() or not self.table.active()
+
     def _ready_to_claim(self) -> bool:
         """Claim when at least half a batch of slots is free, so claims stay large when tasks
         are short, or when nothing at all is running, or when free slots have waited a poll
@@ -377,12 +382,14 @@ class Worker:
             wait = min(wait, max(self.batcher.next_deadline() - now, 0.0))
         return max(wait, 0.001)
 
-    def _collect(self, *, block: bool, timeout: float) -> None:
-        """Take what the other threads reported; block for the first report when idle."""
+    def _collect(self, *, block: bool, timeout: float, busy: bool = False) -> None:
+        """Take what the other threads reported; block for the first report when idle.
+        ``busy``: no claim could follow a notification now (see _inbox)."""
         try:
-            item = self._events.get(timeout=timeout) if block else self._events.get_nowait()
+            item = self._events.get(timeout, busy=busy) if block else self._events.get_nowait()
         except queue_mod.Empty:
             return
+        more = self._events.more  # the rest, without looking for notifications again
         freed = False
         while True:
             if type(item) is Outcome:
@@ -406,7 +413,7 @@ class Worker:
             elif item[0] == "cancel":
                 self._cancel(item[1])
             try:
-                item = self._events.get_nowait()
+                item = more()
             except queue_mod.Empty:
                 break
         if freed:
