@@ -7,6 +7,7 @@ explain a task that starts within seconds."""
 from __future__ import annotations
 
 import contextlib
+import os
 import queue as queue_mod
 import random
 import sys
@@ -277,3 +278,19 @@ def test_a_cut_connection_is_reported_once_and_never_raises_into_the_loop(pg_dsn
                 inbox.get(timeout=0.05)
     inbox.close()
     assert lost == [1]
+
+
+def test_inboxes_leave_no_open_files_behind(pg_dsn: str) -> None:
+    """A Worker that is built and never run (tests, a framework's checks) opens no file; one
+    that listened and stopped closes what it opened."""
+    fds = len(os.listdir("/proc/self/fd"))
+    unused = [Inbox() for _ in range(50)]
+    assert len(os.listdir("/proc/self/fd")) == fds
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        used = Inbox()
+        used.listen(conn, {"inbox_fds": lambda p: None})
+        assert len(os.listdir("/proc/self/fd")) == fds + 3  # the connection and the pipe's ends
+        used.close()
+        assert len(os.listdir("/proc/self/fd")) == fds + 1
+    assert len(os.listdir("/proc/self/fd")) == fds
+    del unused

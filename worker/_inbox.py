@@ -44,9 +44,8 @@ class Inbox:
         # After get or get_nowait: the reports queued since, with nothing else looked at (the
         # loop takes a busy drain's outcomes with it, one C call each).
         self.more = self._q.get_nowait
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
+        self._r = self._w = -1  # the wake-up pipe, made by the first listen
+        self._closed = False
         self._sleeping = False
         self._pipe_lock = threading.Lock()  # no write to a pipe being closed (see close)
         self._conn: psycopg.Connection | None = None
@@ -82,6 +81,11 @@ class Inbox:
         on_lost: Callable[[], None] = lambda: None,
     ) -> None:
         """LISTEN on ``conn`` (autocommit, idle), which the main thread uses for its statements."""
+        with self._pipe_lock:
+            if self._r < 0 and not self._closed:
+                self._r, self._w = os.pipe()
+                os.set_blocking(self._r, False)
+                os.set_blocking(self._w, False)
         for channel in channels:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         self._channels = dict(channels)
@@ -108,7 +112,7 @@ class Inbox:
         with contextlib.suppress(queue_mod.Empty):
             return self.get_nowait()
         conn = self._conn
-        if conn is None or conn.closed:
+        if conn is None or conn.closed or self._r < 0:
             return self._q.get(timeout=timeout)
         if busy:
             try:
@@ -146,9 +150,11 @@ class Inbox:
         """After the loop: runners that still finish may put, and must not write to a number
         the process has given to another file since."""
         with self._pipe_lock:
+            self._closed = True
             for fd in (self._r, self._w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
             self._r = self._w = -1
 
     def _take(self) -> None:
