@@ -10,6 +10,7 @@ import contextlib
 import os
 import queue as queue_mod
 import random
+import resource
 import sys
 import threading
 import time
@@ -114,8 +115,9 @@ def test_an_idle_worker_process_hears_again_after_the_database_restarts(
 
 def test_a_worker_process_holds_three_connections(pg_dsn: str, schema: str) -> None:
     """What the README says a worker process costs the server: the main thread's connection
-    (claims, acknowledgements, LISTEN), the lease keeper's and maintenance's; a transactional
-    handler adds one while it runs. Counted from the server's side, by the process's sockets."""
+    (claims, acknowledgements, LISTEN), the lease keeper's and maintenance's (transactional
+    handlers, none here, borrow from a pool). Counted from the server's side, by the process's
+    sockets."""
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         worker.migrate(c, schema)
         args = ["run", "tasks_module", "--schema", schema, "--processes", "1"]
@@ -294,3 +296,86 @@ def test_inboxes_leave_no_open_files_behind(pg_dsn: str) -> None:
         assert len(os.listdir("/proc/self/fd")) == fds + 1
     assert len(os.listdir("/proc/self/fd")) == fds
     del unused
+
+
+def test_a_worker_with_every_slot_taken_listens_again_after_a_cut(
+    conn: psycopg.Connection, schema: str, thread_worker
+) -> None:
+    """One slot, running a task that waits to be cancelled; the claim connection is cut. No
+    claim is coming to connect again (the slot stays taken), yet the worker listens again within
+    seconds, on a new connection, and the cancel sent then reaches the handler."""
+    started, saw_cancel = threading.Event(), threading.Event()
+    reg = worker.Registry()
+
+    @reg.task("hold")
+    def hold(payload: dict, ctx: worker.Context) -> None:
+        started.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not ctx.cancelled:
+            time.sleep(0.01)
+        if ctx.cancelled:
+            saw_cancel.set()
+
+    task_id = worker.enqueue(conn, "hold", {}, schema=schema)
+    with thread_worker(reg, concurrency=1, poll_interval=SLOW_POLL, lease_seconds=300) as tw:
+        assert started.wait(10)
+        wait_until(lambda: tw.worker.listening, timeout=10)
+        old = _claim_backend(tw)
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (old,)).fetchone()[0]
+        wait_until(lambda: not tw.worker.listening or _claim_backend(tw) != old, timeout=10)
+        wait_until(lambda: tw.worker.listening and _claim_backend(tw) != old, timeout=10)
+        assert not saw_cancel.is_set()
+        worker.cancel(conn, task_id, schema=schema)
+        assert saw_cancel.wait(5)
+
+
+def test_a_busy_wait_sleeps_its_whole_timeout_yet_wakes_for_a_notification(pg_dsn: str) -> None:
+    """With every slot taken the loop waits with ``busy``: it must still sleep as long as it
+    asked when nothing comes (not wake fifty times a second for as long as long tasks run), and
+    still wake at once for a notification (a cancel request)."""
+    inbox = Inbox()
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as conn,
+        psycopg.connect(pg_dsn, autocommit=True) as other,
+    ):
+        inbox.listen(conn, {"inbox_busy": lambda p: inbox.put(("note", p)) if p else None})
+        t0 = time.monotonic()
+        with pytest.raises(queue_mod.Empty):
+            inbox.get(1.0, busy=True)
+        assert time.monotonic() - t0 >= 0.9
+        threading.Timer(0.3, lambda: other.execute("NOTIFY inbox_busy, 'stop 7'")).start()
+        t0 = time.monotonic()
+        assert inbox.get(10.0, busy=True) == ("note", "stop 7")
+        assert time.monotonic() - t0 < 5
+    inbox.close()
+
+
+def test_a_process_with_thousands_of_open_files_still_listens(pg_dsn: str) -> None:
+    """An application hosting a worker may hold well over a thousand files and sockets, so the
+    claim connection's socket gets a number above 1023, which ``select`` cannot watch. The inbox
+    must keep listening there and wake for a notification."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        if hard != resource.RLIM_INFINITY and hard < 2048:
+            pytest.skip(f"this machine allows {hard} open files, not enough to test")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    filler: list[int] = []
+    inbox = Inbox()
+    try:
+        while not filler or filler[-1] < 1100:
+            filler.append(os.open(os.devnull, os.O_RDONLY))
+        with (
+            psycopg.connect(pg_dsn, autocommit=True) as conn,
+            psycopg.connect(pg_dsn, autocommit=True) as other,
+        ):
+            assert conn.pgconn.socket > 1023
+            inbox.listen(conn, {"inbox_many": lambda p: inbox.put(("note", p)) if p else None})
+            for n in range(3):
+                threading.Timer(0.2, lambda n=n: other.execute(f"NOTIFY inbox_many, '{n}'")).start()
+                assert inbox.get(10.0) == ("note", str(n))
+                assert inbox.listening
+        inbox.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

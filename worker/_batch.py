@@ -102,7 +102,7 @@ class Batcher:
         """A notification named these queues (comma-separated; empty or None: any queue), with
         the earliest run_at of its rows (schema/0015). A queue whose cursor is past that time is
         read from its start next, as is every queue after a notification that names none (too
-        many names, or the listener reconnected and may have missed some). Returns whether this
+        many names, or LISTEN was made again and some may have been missed). Returns whether this
         worker serves any of the queues."""
         names, earliest = tr.parse_notification(payload)
         if names is None:

@@ -1,7 +1,7 @@
 """The main loop's inbox: what the worker's other threads report, and the notifications that
 reach the claim connection, waited for together.
 
-The loop sleeps in one ``select`` on two descriptors: a pipe that ``put`` writes to while the loop
+The loop sleeps in one ``poll`` on two descriptors: a pipe that ``put`` writes to while the loop
 sleeps, and, when the claim connection listens (``listen``), that connection's socket, where
 NOTIFY lands. So a notification wakes the thread that claims, with no listener thread and no
 hand-over between threads on the way, and a worker process keeps one connection fewer.
@@ -11,14 +11,15 @@ and are handed to the same callbacks.
 Where the claim connection cannot LISTEN (behind PgBouncer in transaction mode, with a
 ``listen_dsn``), ``_listener``'s thread listens on a connection of its own and ``put``s here like
 any other thread. If the listening connection breaks while the loop sleeps, the inbox closes it
-and reports ``lost`` once; the next claim connects again, and ``listen`` calls every callback
-with None, since notifications may have been sent while nobody listened.
+and reports it lost once (``on_lost``); the worker then connects again, and ``listen`` calls every
+callback with None, since notifications may have been sent while nobody listened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue as queue_mod
 import select
@@ -49,6 +50,8 @@ class Inbox:
         self._sleeping = False
         self._pipe_lock = threading.Lock()  # no write to a pipe being closed (see close)
         self._conn: psycopg.Connection | None = None
+        self._poller: Any = None  # select.poll over the pipe and the listening socket
+        self._sock = -1
         self._channels: dict[str, Callback] = {}
         self._on_lost: Callable[[], None] = lambda: None
 
@@ -86,18 +89,26 @@ class Inbox:
                 self._r, self._w = os.pipe()
                 os.set_blocking(self._r, False)
                 os.set_blocking(self._w, False)
-        for channel in channels:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         self._channels = dict(channels)
         self._on_lost = on_lost
         if self._conn is not conn:
-            conn.add_notify_handler(self._notified)
+            conn.add_notify_handler(self._notified)  # before LISTEN: none goes elsewhere
+        for channel in channels:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        # poll, not select: a process with over a thousand files open (an application hosting
+        # a background worker, say) gives its sockets numbers that select cannot watch.
+        self._sock = conn.pgconn.socket
+        self._poller = select.poll()
+        self._poller.register(self._sock, select.POLLIN)
+        if self._r >= 0:
+            self._poller.register(self._r, select.POLLIN)
         self._conn = conn
         for callback in self._channels.values():
             callback(None)  # something may have come while we were not listening
 
     def get_nowait(self) -> Any:
-        """The next report, or ``queue.Empty``. Notifications already read are reported first."""
+        """The next report, or ``queue.Empty``. Notifications libpq has already read are handed
+        to their callbacks first (which queue them behind the reports already there)."""
         if self._conn is not None:
             self._take()
         return self._q.get_nowait()
@@ -108,7 +119,8 @@ class Inbox:
         ``busy``: the loop cannot claim now (its slots are taken), so a new row can wait; only
         a cancel request should not. It then waits on the queue alone, as cheaply as a thread
         can, for at most BUSY_LOOK seconds, and looks at the socket only if nothing came: a busy
-        drain, where runners report many times a second, never pays for the socket."""
+        drain, where runners report many times a second, never pays for the socket; a worker
+        whose slots all run long tasks sleeps on both after that, as an idle one does."""
         with contextlib.suppress(queue_mod.Empty):
             return self.get_nowait()
         conn = self._conn
@@ -118,7 +130,7 @@ class Inbox:
             try:
                 return self._q.get(timeout=min(timeout, BUSY_LOOK))
             except queue_mod.Empty:
-                timeout = 0.0  # nothing came: read what the socket holds, without waiting
+                timeout = max(timeout - BUSY_LOOK, 0.0)
         self._sleeping = True
         try:
             try:
@@ -126,17 +138,18 @@ class Inbox:
             except queue_mod.Empty:
                 pass
             try:
-                sock = conn.pgconn.socket
-                ready = select.select([sock, self._r], [], [], timeout)[0]
-            except (OSError, ValueError, psycopg.Error):  # no socket any more
-                self._drop(conn)
-                return self._q.get(timeout=timeout)
+                ready = dict(self._poller.poll(math.ceil(timeout * 1000)))
+            except OSError:
+                ready = {self._sock: select.POLLNVAL}
         finally:
             self._sleeping = False
         if self._r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._r, 4096)
-        if sock in ready and not conn.closed:
+        flags = ready.get(self._sock, 0)
+        if flags & select.POLLNVAL:  # the socket was closed under us
+            self._drop(conn)
+        elif flags and not conn.closed:
             try:
                 conn.pgconn.consume_input()
             except psycopg.Error:
@@ -163,7 +176,10 @@ class Inbox:
         if conn is None or conn.closed:
             return
         pgconn = conn.pgconn
-        handler = pgconn.notify_handler  # psycopg's: decodes, then calls _notified
+        # psycopg sets this on every connection (3.1 to 3.3 at least) to decode a notification
+        # and call the handlers added by add_notify_handler, here _notified; it calls it the same
+        # way itself for notifications it reads with results (tests/test_inbox.py checks both).
+        handler = pgconn.notify_handler
         while (note := pgconn.notifies()) is not None:
             if handler is not None:
                 handler(note)

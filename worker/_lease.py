@@ -11,7 +11,7 @@ again by another worker, or, for the same worker, at another attempt) as lost.
 
 It is also the fallback by which a worker learns of cancel requests (see ``_cancel``): each
 heartbeat reports the renewed rows that have one, and while the worker cannot LISTEN (``polling``
-says so: PgBouncer in transaction mode, ``--no-listen``, a listener reconnecting) it reads the
+says so: PgBouncer in transaction mode, ``--no-listen``, a LISTEN being made again) it reads the
 marks of the rows it holds every ``cancel_poll`` seconds, one primary-key read of those rows.
 """
 
@@ -100,7 +100,7 @@ class LeaseKeeper:
         self._now.set()
 
     def check_cancels(self) -> None:
-        """Read the cancel marks of the rows held, soon (a listener just (re)connected, or a
+        """Read the cancel marks of the rows held, soon (LISTEN was just made again, or a
         notification named no ids)."""
         self._check_cancels = True
         self._now.set()
@@ -133,8 +133,8 @@ class LeaseKeeper:
                 self._check_cancels = False
                 self._poll_cancels()
                 next_poll = now + self.cancel_poll
-            # At least once per cancel_poll, to notice when polling starts (the listener lost
-            # its connection): a wake-up without a statement unless polling.
+            # At least once per cancel_poll, to notice when polling starts (the listening
+            # connection was lost): a wake-up without a statement unless polling.
             wake = min(next_beat, next_poll if self._polling() else now + self.cancel_poll)
             self._now.wait(max(wake - time.monotonic(), 0.0))
             self._now.clear()

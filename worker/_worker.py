@@ -122,6 +122,7 @@ class Worker:
             cancel_channel(config.schema): self._cancel_notified,
         }
         self.listener: Listener | None = None
+        self._listens_here = config.listen and not config.listen_dsn  # on the claim connection
         if config.listen and config.listen_dsn:
             self.listener = Listener(config.listen_dsn, self._channels)
         # The main thread's own connection, made again after an error (no pool backoff).
@@ -130,7 +131,7 @@ class Worker:
             name="worker",
             prepare=config.prepare,
             plans_query=self.q["session_index_plans"],
-            on_connect=self._listen if config.listen and not config.listen_dsn else None,
+            on_connect=self._listen if self._listens_here else None,
         )
         self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
         self.exit_code = 0
@@ -311,6 +312,10 @@ class Worker:
                     claimed, more = self._claim()
                     if cfg.burst and claimed == 0 and not self.table:
                         break
+                elif self._listens_here and not self._events.listening:
+                    # Lost while every slot is taken: no claim would connect again for as long
+                    # as the tasks run, and cancels would wait for the poll. Connect (and LISTEN).
+                    self._conn.get()
                 self._touch(now)
                 backoff = 0.0
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -389,7 +394,7 @@ class Worker:
             item = self._events.get(timeout, busy=busy) if block else self._events.get_nowait()
         except queue_mod.Empty:
             return
-        more = self._events.more  # the rest, without looking for notifications again
+        rest = self._events.more  # the rest, without looking for notifications again
         freed = False
         while True:
             if type(item) is Outcome:
@@ -413,7 +418,7 @@ class Worker:
             elif item[0] == "cancel":
                 self._cancel(item[1])
             try:
-                item = more()
+                item = rest()
             except queue_mod.Empty:
                 break
         if freed:
@@ -477,15 +482,16 @@ class Worker:
             cancel(job)
 
     def _cancel_notified(self, payload: str | None) -> None:
-        """A notification on the cancel channel (on the main thread, or the listener's). Only
-        the ids this process holds wake the main loop."""
+        """A notification on the cancel channel (on the main thread, or the listener's). Every
+        id goes to the loop, which skips those it does not hold (see _cancel): filtering here
+        could drop a task the loop has claimed and not yet recorded (the listener's thread races
+        the loop's dispatch), and its cancel would wait for a heartbeat."""
         ids = _cancel.parse_payload(payload)
         if ids is None:  # no ids (too many to list, or a reconnection): read the marks
             self.lease.check_cancels()
             return
-        held = [task_id for task_id in ids if self.table.holds(task_id)]
-        if held:
-            self._events.put(("cancel", held))
+        if ids:
+            self._events.put(("cancel", ids))
 
     def _cannot_listen(self) -> bool:
         """Whether cancel requests must be polled for: nobody listens, or not right now."""

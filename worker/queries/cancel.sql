@@ -11,7 +11,7 @@ SELECT c.id, c.outcome, c.state
 
 -- name: cancel_requests
 -- The lease keeper's fallback when no LISTEN connection is up (PgBouncer in transaction mode,
--- --no-listen, or the listener reconnecting): which of the rows this worker holds someone asked
+-- --no-listen, or LISTEN being made again): which of the rows this worker holds someone asked
 -- to cancel. A read by primary key, once a second while the worker holds rows and cannot listen.
 SELECT t.id
   FROM {schema}.tasks AS t
