@@ -114,6 +114,17 @@ class ThreadWorker:
 
 
 @pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A server of this test's own, which it may stop and start (the session's must stay up)."""
+    server = EmbeddedPostgres(tmp_path / "pgdata", durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 def thread_worker(pg_dsn: str, schema: str) -> Callable[..., ThreadWorker]:
     """Build a ThreadWorker on the test's schema: ``with thread_worker(registry, **config):``."""
 

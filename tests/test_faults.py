@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -65,17 +64,6 @@ def _assert_every_task_ran(conn: psycopg.Connection, schema: str) -> None:
 
 
 # -- the database goes away ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def private_server(tmp_path) -> Iterator[EmbeddedPostgres]:
-    """A server of this test's own, which it may stop and start (the session's must stay up)."""
-    server = EmbeddedPostgres(tmp_path / "pgdata", durable=False)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _prepare(dsn: str, schema: str, n: int) -> None:

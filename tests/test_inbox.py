@@ -14,7 +14,6 @@ import resource
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import psycopg
@@ -63,16 +62,6 @@ def test_an_idle_worker_hears_again_each_time_its_connection_is_cut(
             )
             wait_until(lambda r=round_: 2 * r + 1 in ran, timeout=10)
     assert sorted(ran) == list(range(6))
-
-
-@pytest.fixture
-def private_server(tmp_path: Path):
-    server = EmbeddedPostgres(tmp_path / "pgdata", durable=False)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _count_done(dsn: str, schema: str) -> int | None:
