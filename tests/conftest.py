@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from worker._migrate import migrate
-from worker._registry import Registry
-from worker._worker import Worker, WorkerConfig
+from worker.db.migrate import migrate
 from worker.dev.embedded import EmbeddedPostgres
+from worker.engine.loop import Worker, WorkerConfig
+from worker.tasks.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import pytest
 import worker
 from tests.conftest import wait_until
 from worker import testing
-from worker._registry import Registry
+from worker.tasks.registry import Registry
 
 
 def test_stop_lets_the_running_task_finish(

@@ -18,10 +18,10 @@ import pytest
 from conftest import run_cli, spawn_cli, states, wait_until
 
 import worker
-from worker import _bulk
-from worker import _transitions as tr
-from worker._bulk import Filter, like_escape
-from worker._sql import queries
+from worker.db.sql import queries
+from worker.ops import bulk as _bulk
+from worker.ops.bulk import Filter, like_escape
+from worker.store import transitions as tr
 
 
 def _common(pg_dsn: str, schema: str) -> list[str]:

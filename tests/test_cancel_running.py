@@ -25,11 +25,11 @@ from test_console_http import armed, request, signed_in  # noqa: F401 - armed: a
 from test_pgbouncer import PGBOUNCER, bouncer_dsn  # noqa: F401 - a fixture, used by name
 
 import worker
-from worker import _cancel
-from worker import _transitions as tr
-from worker._console_actions import cancel as console_cancel
-from worker._sql import queries
+from worker.coord import cancel as _cancel
+from worker.db.sql import queries
 from worker.monitor.server import MetricsServer
+from worker.ops.actions import cancel as console_cancel
+from worker.store import transitions as tr
 
 # A cancel lands within this many seconds of the request, by the database's clock: from the
 # request's commit (cancel_requested_at) to the acknowledgement that ends the row (finished_at).

@@ -16,10 +16,10 @@ from conftest import states, wait_until
 from psycopg import sql
 
 import worker
-from worker import _transitions as tr
-from worker._batch import Batcher
-from worker._maintenance import Maintenance, MaintenanceConfig
-from worker._sql import notify_channel, queries
+from worker.db.sql import notify_channel, queries
+from worker.engine.batch import Batcher
+from worker.engine.maintenance import Maintenance, MaintenanceConfig
+from worker.store import transitions as tr
 
 
 def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[str, Any]:

@@ -25,11 +25,12 @@ from psycopg.conninfo import make_conninfo
 from test_metrics import free_port
 from test_monitor_hostile import assert_secure, headers_of, raw_request
 
-from worker import _console_actions, _pause
-from worker.monitor import console_data
-from worker.monitor.console_data import ConsoleData
-from worker.monitor.console_filter import STATES, Filter, walk_params
+from worker.coord import pause as _pause
+from worker.monitor.console import data as console_data
+from worker.monitor.console.data import ConsoleData
+from worker.monitor.console.filter import STATES, Filter, walk_params
 from worker.monitor.server import MetricsServer, serve
+from worker.ops import actions as _console_actions
 
 TOKEN = "http-test-token-abcdefghijklmnop"
 

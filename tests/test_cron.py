@@ -17,8 +17,10 @@ import pytest
 from conftest import run_cli, spawn_cli, wait_until
 
 import worker
-from worker import _cron, _hooks, _schedule
-from worker._errors import ConfigError
+from worker import hooks as _hooks
+from worker.coord import cron as _cron
+from worker.coord import schedule as _schedule
+from worker.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

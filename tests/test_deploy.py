@@ -23,11 +23,11 @@ from psycopg import errors, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import worker
-from worker._registry import Registry
-from worker._worker import WorkerConfig
 from worker.cli import build_parser
 from worker.contrib import otel
-from worker.monitor.instruments import DATABASE_METRICS, WORKER_METRICS, exported_series
+from worker.engine.loop import WorkerConfig
+from worker.monitor.metrics.instruments import DATABASE_METRICS, WORKER_METRICS, exported_series
+from worker.tasks.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from conftest import dashboard_exprs
 
-from worker.monitor.instruments import exported_series
+from worker.monitor.metrics.instruments import exported_series
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -26,7 +26,6 @@ from django.test import override_settings
 from psycopg.types.json import Jsonb
 
 from worker import TaskCancelled, WorkerConfig, cancel, enqueue
-from worker._migrate import migrate
 from worker.contrib.django.compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
@@ -34,6 +33,7 @@ from worker.contrib.django.compat import (
     task_started,
 )
 from worker.contrib.django.registry import DjangoRegistry
+from worker.db.migrate import migrate
 
 
 def _site_env(dsn: str, schema: str) -> dict[str, str]:

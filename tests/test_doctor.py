@@ -24,25 +24,25 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from test_metrics import fetch, scrape
 
-from worker._admin import QueueStats, Routing
-from worker._migrate import migrate
 from worker.cli import doctor as doctor_cli
 from worker.cli.main import main
+from worker.db.migrate import migrate
 from worker.dev.embedded import EmbeddedError, EmbeddedPostgres
-from worker.monitor import doctor_horizon
-from worker.monitor.doctor import Report, diagnose
-from worker.monitor.doctor_checks import (
+from worker.monitor.doctor import horizon as doctor_horizon
+from worker.monitor.doctor.checks import (
     connection_findings,
     routing_findings,
     running_findings,
     table_findings,
 )
-from worker.monitor.doctor_claim import claim_findings
-from worker.monitor.doctor_findings import CODES, SEVERITIES, Finding, Thresholds, redact_query
-from worker.monitor.doctor_horizon import horizon_findings, slot_findings
-from worker.monitor.doctor_panel import render_doctor_panel
+from worker.monitor.doctor.checkup import Report, diagnose
+from worker.monitor.doctor.claim import claim_findings
+from worker.monitor.doctor.findings import CODES, SEVERITIES, Finding, Thresholds, redact_query
+from worker.monitor.doctor.horizon import horizon_findings, slot_findings
+from worker.monitor.page.health import render_doctor_panel
 from worker.monitor.readmodel import Database
 from worker.monitor.server import serve
+from worker.ops.status import QueueStats, Routing
 
 SECRET = "S3cretDoctorPW"
 QUICK = {"xmin_warning_seconds": 0.5, "xmin_critical_seconds": 3600.0}

@@ -20,12 +20,7 @@ import psycopg
 import pytest
 
 from worker.dev import pginstall
-from worker.dev.embedded import (
-    EmbeddedError,
-    EmbeddedPostgres,
-    ensure_embedded,
-    find_pg_bin,
-)
+from worker.dev.embedded import EmbeddedError, EmbeddedPostgres, ensure_embedded, find_pg_bin
 
 Factory = Callable[..., EmbeddedPostgres]
 

@@ -11,7 +11,7 @@ from conftest import states, wait_until
 from psycopg import sql
 
 import worker
-from worker._sql import notify_channel
+from worker.db.sql import notify_channel
 
 
 def test_plain_sql_insert_is_a_complete_enqueue(

@@ -15,9 +15,9 @@ import psycopg
 from conftest import run_cli, wait_until
 
 import worker
-from worker import _admin
-from worker import _transitions as tr
-from worker._sql import queries
+from worker.db.sql import queries
+from worker.ops import status as _admin
+from worker.store import transitions as tr
 
 LONG = 5000  # characters of the error each failing attempt raises
 

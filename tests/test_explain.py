@@ -30,12 +30,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from worker import _admin
-from worker._migrate import migrate
-from worker._sql import notify_channel, parse_named, queries
 from worker.cli.main import main
-from worker.monitor.collector import DatabaseCollector
-from worker.monitor.console_data import (
+from worker.db.migrate import migrate
+from worker.db.sql import notify_channel, parse_named, queries
+from worker.monitor.console.data import (
     DETAIL_CHARS,
     DETAIL_NAME_CHARS,
     MINUTE_CAP,
@@ -43,9 +41,11 @@ from worker.monitor.console_data import (
     SCAN_ROWS,
     browse_statement,
 )
-from worker.monitor.console_filter import Filter
-from worker.monitor.instruments import DEFAULT_COUNT_CAP
+from worker.monitor.console.filter import Filter
+from worker.monitor.metrics.collector import DatabaseCollector
+from worker.monitor.metrics.instruments import DEFAULT_COUNT_CAP
 from worker.monitor.readmodel import FINISHED_CAP, MAX_QUEUES, REST_CAP, Database
+from worker.ops import status as _admin
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_MS = 200.0

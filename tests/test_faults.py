@@ -27,11 +27,11 @@ from test_pool import (
 )
 
 import worker
-from worker import _transitions as tr
-from worker._migrate import migrate
-from worker._sql import queries
-from worker._worker import WorkerConfig
+from worker.db.migrate import migrate
+from worker.db.sql import queries
 from worker.dev.embedded import EmbeddedPostgres
+from worker.engine.loop import WorkerConfig
+from worker.store import transitions as tr
 
 
 def _query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:

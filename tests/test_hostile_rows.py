@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pool import kill_tree
 
-from worker import _transitions as tr
-from worker._job import clean_text, decode_payload, display
-from worker._sql import queries
+from worker.db.sql import queries
+from worker.engine.job import clean_text, decode_payload, display
+from worker.store import transitions as tr
 
 REFUSED = [
     ("run_at '-infinity'", "INSERT INTO {s}.tasks (task, run_at) VALUES ('h.ok', '-infinity')"),

@@ -22,8 +22,8 @@ from conftest import wait_until
 from test_pool import spawned, worker_env
 
 import worker
-from worker._inbox import Inbox
 from worker.dev.embedded import EmbeddedPostgres
+from worker.engine.inbox import Inbox
 
 SLOW_POLL = 60.0
 

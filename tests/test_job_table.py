@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker._job import JobTable, Outcome, State
-from worker._registry import TaskDef
-from worker._transitions import Claimed
+from worker.engine.job import JobTable, Outcome, State
+from worker.store.transitions import Claimed
+from worker.tasks.registry import TaskDef
 
 _NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _TIMED = TaskDef("timed", lambda p: None, timeout=1.0)

@@ -21,14 +21,14 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 import worker
-from worker._hooks import emit
-from worker._migrate import migrate
-from worker._registry import Registry
-from worker._worker import WorkerConfig
+from worker.db.migrate import migrate
 from worker.dev.embedded import EmbeddedPostgres
-from worker.monitor.instruments import UNREGISTERED, exported_series, instruments
-from worker.monitor.metrics import MetricsHooks
+from worker.engine.loop import WorkerConfig
+from worker.hooks import emit
+from worker.monitor.metrics.counters import MetricsHooks
+from worker.monitor.metrics.instruments import UNREGISTERED, exported_series, instruments
 from worker.monitor.server import serve
+from worker.tasks.registry import Registry
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ def test_batched_histogram_matches_one_by_one_observation() -> None:
     """The batch path of the hooks must put values in the same buckets as ``observe`` does."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from worker.monitor.instruments import DURATION_BUCKETS, _observe_many
+    from worker.monitor.metrics.instruments import DURATION_BUCKETS, _observe_many
 
     registry = CollectorRegistry()
     a = Histogram("a_seconds", "a", buckets=DURATION_BUCKETS, registry=registry)
@@ -202,7 +202,7 @@ def test_lost_rows_are_counted_and_never_pile_up() -> None:
     at acknowledgement) are trimmed, so the id map stays bounded in a long-running worker."""
     from datetime import UTC, datetime
 
-    from worker._transitions import Claimed
+    from worker.store.transitions import Claimed
 
     reg = Registry()
     reg.task("t.lost", queue="lostq")(lambda payload: None)
@@ -247,7 +247,7 @@ def test_db_errors_and_reconnects() -> None:
 def test_a_torn_journal_write_leaves_the_previous_record(tmp_path: Path) -> None:
     """A kill in the middle of a journal write must not leave a record the supervisor would
     trust: the half-written one fails its checksum and the previous one is read instead."""
-    from worker.monitor.journal import Journal, _read_record, counter_samples, journal_paths
+    from worker.monitor.metrics.journal import Journal, _read_record, counter_samples, journal_paths
 
     journal = Journal(str(tmp_path), 4242)
     key = ("default", "t")
@@ -273,7 +273,7 @@ def test_a_journal_that_cannot_be_written_never_stops_the_work(
 ) -> None:
     """The journal lives on local disk, which can fill up or vanish. A write that fails must cost
     only the guarantee across kills: one warning, and every task is still done and counted."""
-    from worker.monitor.journal import Journal
+    from worker.monitor.metrics.journal import Journal
 
     queue = f"jq_{uuid.uuid4().hex[:8]}"
     reg = Registry()
@@ -607,9 +607,9 @@ def test_children_without_a_metrics_port_count_nothing(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
     """Without --metrics-port nobody serves the numbers, so workers must not pay for them."""
-    from worker._hooks import Hooks
     from worker.cli import build_parser
     from worker.cli.run import _worker_hooks
+    from worker.hooks import Hooks
 
     args = build_parser().parse_args(["run", "m", "--processes", "1", "--child"])
     assert type(_worker_hooks(args)) is Hooks

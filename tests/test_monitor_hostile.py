@@ -17,9 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import fetch
 
-from worker._registry import Registry
 from worker.monitor.bounds import OTHER, QueueRow, clip, exported, label
 from worker.monitor.server import MetricsServer, serve
+from worker.tasks.registry import Registry
 
 QUEUES = 20_000
 BIG_NAME = 5_000_000

@@ -8,7 +8,7 @@ import json
 import psycopg
 from conftest import run_cli
 
-from worker import _admin
+from worker.ops import status as _admin
 
 
 def _failed(conn: psycopg.Connection, schema: str, queue: str, keys: list[str | None]) -> None:

@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import worker
-from worker import _migrate
 from worker.contrib import otel
+from worker.db import migrate as _migrate
 
 
 @pytest.fixture

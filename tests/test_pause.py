@@ -16,7 +16,7 @@ from test_cli import _executions_table
 from test_metrics import fetch, scrape
 
 import worker
-from worker import _pause
+from worker.coord import pause as _pause
 from worker.monitor.server import serve
 
 

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from worker._migrate import migrate
+from worker.db.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 _SAMPLE = re.compile(r"<!-- sample: ([\w.]+) -->\n```python\n(.*?)```", re.DOTALL)

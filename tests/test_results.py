@@ -21,11 +21,11 @@ from conftest import run_cli, spawn_cli, wait_until
 from psycopg_pool import ConnectionPool
 
 import worker
-from worker import _transitions as tr
-from worker._batch import Batcher
-from worker._job import Job, Outcome
-from worker._registry import Registry
-from worker._sql import parse_named, queries
+from worker.db.sql import parse_named, queries
+from worker.engine.batch import Batcher
+from worker.engine.job import Job, Outcome
+from worker.store import transitions as tr
+from worker.tasks.registry import Registry
 
 MODULE = "results_module"
 # A poll interval no test would sit through: a wait that returns quickly was woken by NOTIFY.

@@ -12,8 +12,8 @@ import pytest
 from conftest import run_cli, wait_until
 
 import worker
-from worker._sql import queries
-from worker._vacuum import VacuumConfig, Vacuumer
+from worker.db.sql import queries
+from worker.engine.vacuum import VacuumConfig, Vacuumer
 
 
 def _queue(conn: psycopg.Connection, schema: str, task_id: int) -> str:

@@ -14,10 +14,10 @@ import pytest
 from conftest import run_cli, wait_until
 from test_metrics import fetch
 
-from worker._registry import Registry
-from worker.monitor.collector import DatabaseCollector
+from worker.monitor.metrics.collector import DatabaseCollector
 from worker.monitor.readmodel import Database
 from worker.monitor.server import serve
+from worker.tasks.registry import Registry
 
 
 def _live_worker(

@@ -20,9 +20,9 @@ import pytest
 from conftest import spawn_cli, states, wait_until
 from test_pool import child_pids, kill_tree, live_workers
 
-from worker._migrate import migrate
-from worker._supervisor import child_command
+from worker.db.migrate import migrate
 from worker.dev.embedded import EmbeddedPostgres
+from worker.engine.supervisor import child_command
 
 
 def make_runs(conn: psycopg.Connection, schema: str) -> None:

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from conftest import run_cli
 
-from worker._errors import ConfigError, SchemaMissing
-from worker._migrate import current_version, latest_version, migrate, require_schema
-from worker._sql import parse_named, queries, render, validate_schema_name
+from worker.db.migrate import current_version, latest_version, migrate, require_schema
+from worker.db.sql import parse_named, queries, render, validate_schema_name
+from worker.errors import ConfigError, SchemaMissing
 
 
 def test_migrate_is_idempotent_and_records_versions(conn: psycopg.Connection) -> None:

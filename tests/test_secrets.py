@@ -19,9 +19,9 @@ import pytest
 from conftest import run_cli, spawn_cli, wait_until
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from worker import _config
-from worker._config import UNPARSEABLE, redact, remember_secret, scrub
 from worker.cli.text import SafeFormatter
+from worker.db import dsn as _config
+from worker.db.dsn import UNPARSEABLE, redact, remember_secret, scrub
 
 PW = "S3cretPW"
 CLOSED = "127.0.0.1"  # port 1: nothing listens there

@@ -13,7 +13,7 @@ import pytest
 
 import worker
 from worker import testing
-from worker._registry import Registry
+from worker.tasks.registry import Registry
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 import worker
 from tests.conftest import wait_until
 from worker import testing
-from worker._registry import Registry
+from worker.tasks.registry import Registry
 
 pydantic = pytest.importorskip("pydantic")
 
@@ -171,7 +171,7 @@ def test_nothing_imports_pydantic() -> None:
         "            raise ImportError('pydantic is blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
         "import dataclasses, worker, worker.testing\n"
-        "from worker._enqueue import _enqueue_params\n"
+        "from worker.tasks.enqueue import _enqueue_params\n"
         "@dataclasses.dataclass\n"
         "class P:\n"
         "    n: int\n"

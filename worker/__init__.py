@@ -5,11 +5,15 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 (``worker.monitor``) and the developer tools (``worker.dev``) load when used.
 """
 
-from ._advisory import AdvisoryLock, advisory_keys, advisory_lock
-from ._background import BackgroundWorker
-from ._cancel import Cancellation, cancel
-from ._enqueue import enqueue, enqueue_async, enqueue_many
-from ._errors import (
+from .coord.advisory import AdvisoryLock, advisory_keys, advisory_lock
+from .coord.cancel import Cancellation, cancel
+from .coord.locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
+from .coord.pause import PausedQueue, pause_queue, paused_queues, resume_queue
+from .coord.schedule import cron, load_schedules, schedule
+from .db.migrate import migrate
+from .engine.background import BackgroundWorker
+from .engine.loop import Worker, WorkerConfig
+from .errors import (
     Cancelled,
     ConfigError,
     DoNotRetry,
@@ -25,21 +29,11 @@ from ._errors import (
     WaitTimeout,
     WorkerError,
 )
-from ._limits import (
-    Limits,
-    QueueLimits,
-    clear_queue_limits,
-    queue_limits,
-    set_queue_limits,
-)
-from ._locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
-from ._migrate import migrate
-from ._pause import PausedQueue, pause_queue, paused_queues, resume_queue
-from ._registry import Context, Registry, TaskDef, limit, registry, task
-from ._schedule import cron, load_schedules, schedule
-from ._wait import wait, wait_async
-from ._waiter import Waiter
-from ._worker import Worker, WorkerConfig
+from .tasks.enqueue import enqueue, enqueue_async, enqueue_many
+from .tasks.limits import Limits, QueueLimits, clear_queue_limits, queue_limits, set_queue_limits
+from .tasks.registry import Context, Registry, TaskDef, limit, registry, task
+from .tasks.wait import wait, wait_async
+from .tasks.waiter import Waiter
 
 __all__ = [
     "AdvisoryLock",

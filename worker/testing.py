@@ -23,14 +23,14 @@ from typing import Any
 
 import psycopg
 
-from . import _transitions as tr
-from ._backoff import retry_delay
-from ._batch import PROMOTE_LIMIT
-from ._errors import DoNotRetry, PayloadError
-from ._job import decode_payload, format_error
-from ._payload import from_json, to_json
-from ._registry import Context, Registry, TaskDef, registry
-from ._sql import Queries, notify_channel, queries
+from .db.sql import Queries, notify_channel, queries
+from .engine.batch import PROMOTE_LIMIT
+from .engine.job import decode_payload, format_error
+from .errors import DoNotRetry, PayloadError
+from .store import transitions as tr
+from .tasks.backoff import retry_delay
+from .tasks.payload import from_json, to_json
+from .tasks.registry import Context, Registry, TaskDef, registry
 
 # The lease written on rows run_due claims; nothing renews or checks it while they run.
 _LEASE_SECONDS = 3600.0

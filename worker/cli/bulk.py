@@ -18,9 +18,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .. import _bulk
-from .._admin import STATES
-from .._bulk import BulkError, Filter, Outcome
+from ..ops import bulk as _bulk
+from ..ops.bulk import BulkError, Filter, Outcome
+from ..ops.status import STATES
 from .commands import cmd_cancel as cancel_one
 from .commands import cmd_retry as retry_one
 from .common import CliError, connect, int_in, print_json, require, text_up_to

@@ -10,14 +10,16 @@ from datetime import datetime
 
 import psycopg
 
-from .. import _admin, _limits, _pause
-from .._admin import STATES, status
-from .._config import dsn_source_from_env, redact
-from .._enqueue import enqueue
-from .._migrate import migrate
-from .._sql import queries
+from ..coord import pause as _pause
+from ..db.dsn import dsn_source_from_env, redact
+from ..db.migrate import migrate
+from ..db.sql import queries
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from ..ops import status as _admin
+from ..ops.status import STATES, status
+from ..tasks import limits as _limits
+from ..tasks.enqueue import enqueue
 from . import limits as limits_cli
 from .common import CliError, age, connect, print_json, require, resolve_dsn, table
 from .task import cmd_task

@@ -18,11 +18,11 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from .._config import dsn_source_from_env, parse_dsn, redact, remember_secret, scrub
-from .._errors import ConfigError
-from .._migrate import require_schema
-from .._sql import validate_schema_name
+from ..db.dsn import dsn_source_from_env, parse_dsn, redact, remember_secret, scrub
+from ..db.migrate import require_schema
+from ..db.sql import validate_schema_name
 from ..dev.embedded import EmbeddedError, EmbeddedPostgres, default_data_dir
+from ..errors import ConfigError
 from .text import CELL_LIMIT, LINE_LIMIT, SafeFormatter, bounded, safe
 
 log = logging.getLogger("worker")

@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from .._cron import Schedule, cron_rows, schedules
+from ..coord.cron import Schedule, cron_rows, schedules
 from .common import connect, import_tasks, print_json, require, table
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..monitor.doctor import diagnose
-from ..monitor.doctor_claim import MODES
-from ..monitor.doctor_findings import CODES, Thresholds, ordered
+from ..monitor.doctor.checkup import diagnose
+from ..monitor.doctor.claim import MODES
+from ..monitor.doctor.findings import CODES, Thresholds, ordered
 from .common import DAY, connect, int_in, print_json, require, seconds_in
 from .text import LINE_LIMIT, safe
 

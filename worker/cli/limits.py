@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import _limits
+from ..tasks import limits as _limits
 from .common import CliError, connect, int_in, print_json, require, table
 from .pause import _operator, _queue
 from .text import safe

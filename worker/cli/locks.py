@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from .._advisory import list_advisory_locks
-from .._locks import DEFAULT_NAMESPACE, force_release, list_locks
+from ..coord.advisory import list_advisory_locks
+from ..coord.locks import DEFAULT_NAMESPACE, force_release, list_locks
 from .common import CliError, connect, print_json, require, table
 from .text import safe
 

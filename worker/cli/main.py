@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import psycopg
 
-from .._errors import ConfigError
 from ..dev.bench import add_arguments as add_bench_arguments
+from ..errors import ConfigError
 from . import bulk, cron, doctor, limits, locks, pause, wait
 from .bulk import TASK_ID
 from .commands import (

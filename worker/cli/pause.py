@@ -9,7 +9,7 @@ import getpass
 import socket
 from typing import Any
 
-from .. import _pause
+from ..coord import pause as _pause
 from .common import CliError, connect, print_json, require
 from .text import safe
 

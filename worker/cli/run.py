@@ -16,9 +16,8 @@ from typing import Any
 
 import psycopg
 
-from .._registry import DEFAULT_QUEUE, registry
-from .._results import check_config as check_results_config
-from .._supervisor import (
+from ..engine.loop import Worker, WorkerConfig
+from ..engine.supervisor import (
     DSN_OPTIONS,
     LIVENESS_ENV,
     Supervisor,
@@ -26,10 +25,11 @@ from .._supervisor import (
     die_with_parent,
     without_options,
 )
-from .._worker import Worker, WorkerConfig
-from ..monitor.console_auth import TokenError, checked_token
-from ..monitor.metrics import worker_hooks
+from ..monitor.console.auth import TokenError, checked_token
+from ..monitor.metrics.counters import worker_hooks
 from ..monitor.server import serve
+from ..tasks.registry import DEFAULT_QUEUE, registry
+from ..tasks.results import check_config as check_results_config
 from .common import CliError, checked_dsn, connect_dsn, import_tasks, require, resolve_dsn, scrub
 
 log = logging.getLogger("worker")

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from .. import _admin
+from ..ops import status as _admin
 from .common import CliError, connect, print_json, require
 from .text import LINE_LIMIT, safe
 

@@ -13,7 +13,7 @@ import logging
 import re
 from typing import Any
 
-from .._config import scrub
+from ..db.dsn import scrub
 
 # Longest text of one table cell or line field, and of one JSON string.
 CELL_LIMIT = 200

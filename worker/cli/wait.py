@@ -10,8 +10,8 @@ import argparse
 import json
 from typing import Any
 
-from .. import _wait
-from .._errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
+from ..errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
+from ..tasks import wait as _wait
 from .bulk import TASK_ID
 from .common import CliError, connect_dsn, require, resolve_dsn, seconds_in, starts
 

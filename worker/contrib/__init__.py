@@ -1,6 +1,6 @@
 """Optional integrations, one module each, installed as extras (``pip install 'worker[otel]'``).
 
 The core never imports this package (an import-linter contract in pyproject.toml says so): an
-integration registers itself into the core's extension points (``worker._hooks``) when the
+integration registers itself into the core's extension points (``worker.hooks``) when the
 application asks for it, and nothing here is imported otherwise.
 """

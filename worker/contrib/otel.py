@@ -29,8 +29,8 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from .. import _hooks
-from .._job import Job, Outcome
+from .. import hooks as _hooks
+from ..engine.job import Job, Outcome
 
 __all__ = ["MESSAGING_SYSTEM", "instrument", "instrumented", "uninstrument"]
 

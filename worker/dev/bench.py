@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from .._enqueue import enqueue_many
+from ..tasks.enqueue import enqueue_many
 from .bench_ceiling import ceiling
 from .bench_phases import (
     BENCH_SCHEMA,

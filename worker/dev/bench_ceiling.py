@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from .._sql import queries
+from ..db.sql import queries
 
 QUEUE = "default"
 

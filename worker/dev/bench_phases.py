@@ -23,10 +23,10 @@ from typing import Any
 
 import psycopg
 
-from .._enqueue import enqueue
-from .._limits import Limits, clear_limits, set_limits
-from .._migrate import migrate
-from .._sql import queries
+from ..db.migrate import migrate
+from ..db.sql import queries
+from ..tasks.enqueue import enqueue
+from ..tasks.limits import Limits, clear_limits, set_limits
 
 BENCH_SCHEMA = "worker_bench"
 TASK = "bench.noop"

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .._registry import registry
+from ..tasks.registry import registry
 
 
 @registry.task("bench.noop")

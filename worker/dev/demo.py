@@ -22,12 +22,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from .._admin import status
-from .._config import scrub
-from .._enqueue import enqueue, enqueue_many
-from .._migrate import migrate
-from .._sql import queries
-from .._supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
+from ..db.dsn import scrub
+from ..db.migrate import migrate
+from ..db.sql import queries
+from ..engine.supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
+from ..ops.status import status
+from ..tasks.enqueue import enqueue, enqueue_many
 from .pginstall import _pick_free_port, _port_is_free
 
 DEFAULT_CONSOLE_PORT = 9187

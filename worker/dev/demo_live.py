@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._schedule import cron
+from ..coord.schedule import cron
 from . import demo_tasks
 
 __all__ = ["demo_tasks", "tidy"]

@@ -9,8 +9,8 @@ import random
 import time
 from typing import Any
 
-from .._errors import DoNotRetry
-from .._registry import Context, registry
+from ..errors import DoNotRetry
+from ..tasks.registry import Context, registry
 
 
 @registry.task("demo.resize_image", queue="media")

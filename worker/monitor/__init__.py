@@ -1,3 +1,3 @@
 """The monitor: metric instruments and hooks, the journal, the read model, the HTTP server and
 the status page. It imports the queue's core; the core never imports it (observers attach through
-``worker._hooks``)."""
+``worker.hooks``)."""

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .._admin import MissingHandler
+from ..ops.status import MissingHandler
 
 NAME_CHARS = 200  # names (queues, tasks, hosts, table cells) on the page
 ERROR_CHARS = 2000  # a task's last error on the page (first line and the rest together)

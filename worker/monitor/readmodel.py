@@ -20,14 +20,16 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
-from .. import _admin, _limits, _pause
-from .._admin import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
-from .._config import redact, scrub
-from .._limits import QueueLimits
-from .._migrate import current_version, latest_version
-from .._sql import queries
-from . import doctor
+from ..coord import pause as _pause
+from ..db.dsn import redact, scrub
+from ..db.migrate import current_version, latest_version
+from ..db.sql import queries
+from ..ops import status as _admin
+from ..ops.status import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
+from ..tasks import limits as _limits
+from ..tasks.limits import QueueLimits
 from .bounds import ERROR_CHARS, QUEUES_PER_PAGE, ROWS_SHOWN, QueueRow
+from .doctor import checkup as doctor
 
 log = logging.getLogger("worker.metrics")
 

@@ -22,15 +22,15 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .._errors import ConfigError
-from .._registry import registry
-from .collector import build_registry, child_exited, prepare_multiprocess_dir
-from .console_app import HEADERS as CONSOLE_HEADERS
-from .console_app import Console
-from .console_auth import ConsoleAuth
-from .console_data import ConsoleData
+from ..errors import ConfigError
+from ..tasks.registry import registry
+from .console.app import HEADERS as CONSOLE_HEADERS
+from .console.app import Console
+from .console.auth import ConsoleAuth
+from .console.data import ConsoleData
 from .httpd import SECURITY_HEADERS, BoundedServer, response
-from .instruments import (
+from .metrics.collector import build_registry, child_exited, prepare_multiprocess_dir
+from .metrics.instruments import (
     COUNT_CAP_ENV,
     DEFAULT_COUNT_CAP,
     DEFAULT_TTL,
@@ -39,8 +39,8 @@ from .instruments import (
     UNREGISTERED,
     instruments,
 )
-from .journal import journal_paths, settle
-from .pages import render_page
+from .metrics.journal import journal_paths, settle
+from .page.render import render_page
 from .readmodel import Database
 
 log = logging.getLogger("worker.metrics")

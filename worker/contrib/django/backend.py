@@ -37,7 +37,7 @@ from django.db import connections
 from django.utils import timezone
 
 from worker import enqueue
-from worker._sql import queries, validate_schema_name
+from worker.db.sql import queries, validate_schema_name
 
 from .compat import (
     BaseTaskBackend,

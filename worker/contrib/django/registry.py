@@ -27,14 +27,7 @@ from django.utils import timezone
 from worker import Context, DoNotRetry, Registry, TaskDef
 
 from .backend import WorkerBackend, arguments, load_task
-from .compat import (
-    Task,
-    TaskContext,
-    TaskResult,
-    TaskResultStatus,
-    task_finished,
-    task_started,
-)
+from .compat import Task, TaskContext, TaskResult, TaskResultStatus, task_finished, task_started
 
 
 class DjangoRegistry(Registry):

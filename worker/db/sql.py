@@ -1,0 +1,114 @@
+"""Named SQL: the statements live in ``worker/queries/*.sql`` and migrations in ``schema/``.
+
+Keeping SQL in .sql files lets a reader (or a DBA) review every statement the worker runs in one
+place. The only thing substituted into the text is the schema name, and only as a validated
+identifier quoted by psycopg; every value is bound as a parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import ConfigError
+
+QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
+
+_NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # fullmatch: "$" would allow a "\n"
+
+
+def validate_schema_name(name: str) -> str:
+    """Refuse anything but a plain lowercase identifier: the name never needs odd quoting."""
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise ConfigError(
+            f"invalid schema name {name!r}: use 1-63 lowercase letters, digits or _, "
+            "starting with a letter or _"
+        )
+    return name
+
+
+def render(text: str, schema: str) -> sql.SQL:
+    """Turn SQL text with ``{schema}`` markers into a statement for that schema.
+
+    The name is validated, then quoted by ``sql.Identifier`` once, here: a composed statement
+    would be composed again on every execution, which the claim and acknowledgement pay per
+    batch. Braces elsewhere in the text (JSON literals, for instance) are left as they are.
+    """
+    escaped = text.replace("{", "{{").replace("}", "}}").replace("{{schema}}", "{schema}")
+    composed = sql.SQL(escaped).format(schema=sql.Identifier(validate_schema_name(schema)))
+    return sql.SQL(composed.as_string())
+
+
+def strip_comment_lines(text: str) -> str:
+    """The statement without its whole-line comments (the .sql files are where they are read).
+    psycopg caches how it converts a statement's placeholders only for statements under 4 kB:
+    the claim, with its comments, was over that and was parsed again on every execution."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+
+
+def parse_named(text: str) -> dict[str, str]:
+    """Split a queries file into ``{name: statement}`` at each ``-- name:`` line."""
+    parts = _NAME_LINE.split(text)
+    out: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        statement = strip_comment_lines(body).strip().rstrip(";").strip()
+        if name in out:
+            raise ValueError(f"query {name!r} is defined twice")
+        out[name] = statement
+    return out
+
+
+@cache
+def _raw_queries() -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for path in sorted(QUERIES_DIR.glob("*.sql")):
+        for name, statement in parse_named(path.read_text()).items():
+            if name in merged:
+                raise ValueError(f"query {name!r} is defined in two files")
+            merged[name] = statement
+    return merged
+
+
+class Queries:
+    """The named statements rendered for one schema; build once per schema and reuse."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = validate_schema_name(schema)
+        self._rendered = {name: render(text, schema) for name, text in _raw_queries().items()}
+
+    def __getitem__(self, name: str) -> sql.SQL:
+        return self._rendered[name]
+
+
+@cache
+def queries(schema: str) -> Queries:
+    return Queries(schema)
+
+
+def notify_channel(schema: str) -> str:
+    """The channel the insert trigger notifies (see schema/0001_tasks.sql)."""
+    return f"{validate_schema_name(schema)}.tasks"
+
+
+def cancel_channel(schema: str) -> str:
+    """The channel cancel requests for running tasks are sent on (see schema/0010): apart from
+    ``notify_channel``, whose payload is a list of queue names."""
+    return f"{notify_channel(schema)}_cancel"
+
+
+def execute(conn: psycopg.Connection, query: Any, params: Mapping[str, Any]) -> list[Any]:
+    """One statement in a transaction of its own, whatever the caller's connection: as is on an
+    autocommit connection; otherwise in a transaction, or a savepoint inside the caller's open
+    transaction (then others see its effect only when the caller commits). Lock and cron
+    statements use it so that a tick or an acquire never leaves a transaction open."""
+    if conn.autocommit:
+        return conn.execute(query, params).fetchall()
+    with conn.transaction():
+        return conn.execute(query, params).fetchall()

@@ -1,0 +1,408 @@
+"""The statements of one batch: acknowledge finished jobs and claim the next rows, in one
+transaction, and what the results mean.
+
+One commit per batch instead of two: with durable commits the WAL flush, not the SQL, is what a
+batch costs most. The worker (``_worker``) decides when to run a batch and moves its jobs'
+states; this module only talks to the database and reads the answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from ..db.sql import Queries
+from ..store import transitions as tr
+from ..tasks import results
+from ..tasks.backoff import retry_delay
+from ..tasks.registry import DEFAULT_BACKOFF, TaskDef
+from .job import Job
+
+log = logging.getLogger("worker")
+
+
+@dataclass(slots=True)
+class Claim:
+    """What one claim statement asked for, and got."""
+
+    queues: list[str]
+    limit: int
+    rows: list[tr.Claimed]
+    # Limited queues (see _limits): those read, with what each gave, and those not reached.
+    limited: dict[str, int] = field(default_factory=dict)
+    unlimited_rows: int | None = None  # rows of the unlimited queues (None: all of them)
+
+
+# Beyond this many queues, the poll asks which queues hold work before claiming (polls_all).
+MANY_QUEUES = 8
+# Seconds between two readings of which queues have limits (see Batcher.claim).
+LIMITS_REFRESH = 0.5
+# Rows promoted per statement; more wait for the next claim, which comes at once (see claim).
+PROMOTE_LIMIT = 1000
+
+
+class Batcher:
+    """The claiming side of a worker: which queues to read, from where, and when to promote.
+
+    A claim reads only the queues that may hold work: those named by a notification since the
+    last claim, those whose last claim came back full, and every queue once per poll interval.
+    So a worker serving 200 queues does not read 200 empty ones on every wake-up.
+    """
+
+    def __init__(
+        self,
+        q: Queries,
+        worker_id: str,
+        *,
+        queues: Sequence[str],
+        batch_size: int,
+        lease_seconds: float,
+        delete_done: bool,
+        max_attempts: Mapping[str, int],
+        poll_interval: float,
+        channel: str,
+        done_channel: str = "",
+        stores_result: Callable[[TaskDef], bool] = lambda d: False,
+    ) -> None:
+        self.q = q
+        self.worker_id = worker_id
+        self.queues = list(queues)
+        self._served = set(self.queues)
+        self.batch_size = batch_size
+        self.lease_seconds = lease_seconds
+        self.delete_done = delete_done
+        self.max_attempts = dict(max_attempts)
+        self._handlers = tr.HandlerLimits(self.max_attempts)  # the claim's form of it
+        self.poll_interval = poll_interval
+        self.channel = channel
+        self.done_channel = done_channel  # where tasks that store a result are announced
+        self.stores_result = stores_result
+        # Rows that commit up to this far behind the cursor are still found by the claim (and
+        # promotion, which runs when the next row is due, is seldom later than that).
+        self.cursor = tr.ClaimCursor(1.0, rows=2 * batch_size)
+        self._hot: set[str] = set(self.queues)  # the first claim reads every queue
+        self._poll_at = 0.0  # monotonic time of the next claim over every queue
+        self._promote_at = 0.0  # monotonic time of the next promotion
+        self._turn = 0
+        # Queues with limits (schema/0014), claimed by claim_limited one at a time; the worker's
+        # maintenance thread refreshes this once a second (set_limited).
+        self.limited: set[str] = set()
+        self._held: set[str] = set()  # limited queues a concurrency limit held back
+        self._waiting: set[str] = set()  # limited queues a rate limit held back
+        self._limit_at = math.inf  # monotonic time when the rate limits allow the next start
+        self._limits_at = 0.0  # monotonic time to read again which queues are limited
+
+    # -- what wakes a claim --------------------------------------------------------------------
+
+    def notified(self, payload: str | None) -> bool:
+        """A notification named these queues (comma-separated; empty or None: any queue), with
+        the earliest run_at of its rows (schema/0015). A queue whose cursor is past that time is
+        read from its start next, as is every queue after a notification that names none (too
+        many names, or LISTEN was made again and some may have been missed). Returns whether this
+        worker serves any of the queues."""
+        names, earliest = tr.parse_notification(payload)
+        if names is None:
+            self._hot.update(self.queues)
+            for name in self.cursor.placed():
+                self.cursor.reset(name)
+            return True
+        served = self._served.intersection(names)
+        self._hot.update(served)
+        if earliest is not None:
+            for name in served:
+                if self.cursor.passed(name, earliest):
+                    self.cursor.reset(name)
+        return bool(served)
+
+    def mark(self, names: Sequence[str]) -> None:
+        """These queues hold work (the maintenance thread's poll): read them next."""
+        self._hot.update(n for n in names if n in self._served)
+
+    def set_limited(self, names: Sequence[str]) -> None:
+        """These of our queues have limits now: a queue that changes side is read at once."""
+        names = set(names) & self._served
+        self._hot.update(names ^ self.limited)
+        self.limited = names
+        self._held &= names
+        self._waiting &= names
+
+    def freed(self) -> None:
+        """This worker finished tasks: limited queues held back by a concurrency limit may have
+        room now."""
+        self._hot.update(self._held)
+        self._held.clear()
+
+    def polls_all(self) -> bool:
+        """Whether the poll claims over every queue. A worker serving many queues leaves the
+        poll to the maintenance thread instead (``tr.due_queues``, one index probe per queue,
+        off the claim path), which names the queues that hold work."""
+        return len(self.queues) <= MANY_QUEUES
+
+    def wants_claim(self, now: float) -> bool:
+        """A queue may hold work, or it is time to poll or promote."""
+        return (
+            bool(self._hot)
+            or now >= self._poll_at
+            or now >= self._promote_at
+            or now >= self._limit_at
+        )
+
+    def next_deadline(self) -> float:
+        """Monotonic time of the next poll, promotion or start a rate limit allows; 0 while a
+        queue waits to be read (after a failed claim, say, with nothing else to wake the loop)."""
+        if self._hot:
+            return 0.0
+        return min(self._poll_at, self._promote_at, self._limit_at)
+
+    # -- the statements ------------------------------------------------------------------------
+
+    def acknowledge(
+        self, conn: psycopg.Connection, jobs: list[Job]
+    ) -> tuple[dict[int, str], dict[int, str]]:
+        """The done, failed and handed-back jobs, one statement each: ({id: "done" or
+        "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
+        cancel request end "cancelled" either way. Jobs that carry a result (see _results) take
+        a statement of their own, and are announced to waiters; the others' acknowledgement is
+        ``complete`` alone."""
+        done = [
+            (j.id, j.attempt)
+            for j in jobs
+            if j.outcome and j.outcome.ok and j.outcome.result is None
+        ]
+        with_result = [
+            (j.id, j.attempt, j.outcome.result)
+            for j in jobs
+            if j.outcome and j.outcome.ok and j.outcome.result is not None
+        ]
+        failures = [
+            failure(j) for j in jobs if j.outcome and not j.outcome.ok and not j.outcome.handback
+        ]
+        handbacks = [
+            (j.id, j.attempt, j.outcome.error or "")
+            for j in jobs
+            if j.outcome and j.outcome.handback
+        ]
+        kept: dict[int, str] = {}
+        states: dict[int, str] = {}
+        if jobs and self._held:
+            self.freed()
+        if done:
+            kept = tr.complete(
+                conn, self.q, worker_id=self.worker_id, done=done, delete=self.delete_done
+            )
+        if with_result:
+            stored = results.complete_with_result(
+                conn, self.q, worker_id=self.worker_id, done=with_result
+            )
+            results.notify_done(conn, self.q, channel=self.done_channel, ids=sorted(stored))
+            kept.update(stored)
+        if failures:
+            states = tr.fail(conn, self.q, worker_id=self.worker_id, failures=failures)
+            # Tasks that store a result and failed for good: their waiters hear it at once.
+            ended = [
+                j.id
+                for j in jobs
+                if states.get(j.id) == "failed" and self.stores_result(j.definition)
+            ]
+            if ended:
+                results.notify_done(conn, self.q, channel=self.done_channel, ids=ended)
+        if handbacks:
+            back = tr.hand_back(conn, self.q, worker_id=self.worker_id, rows=handbacks)
+            for task_id, state in back.items():
+                states[task_id] = "cancelled" if state == "cancelled" else "handed_back"
+        return kept, states
+
+    def claim(self, conn: psycopg.Connection, free: int, now: float) -> Claim | None:
+        """Promote due scheduled rows when it is time, then claim up to ``free`` rows of the
+        queues that may hold work, in one statement. None when no queue needs reading."""
+        if now >= self._poll_at:
+            if self.polls_all:
+                self._hot.update(self.queues)
+            self._poll_at = now + self.poll_interval
+        if now >= self._promote_at:
+            promoted = tr.promote(conn, self.q, limit=PROMOTE_LIMIT, channel=self.channel)
+            wait = self.poll_interval
+            if promoted.count >= PROMOTE_LIMIT:
+                wait = 0.0
+            elif promoted.next_due_in is not None:
+                wait = min(wait, max(promoted.next_due_in, 0.0))
+            self._promote_at = now + wait
+            if promoted.count:
+                self._hot.update(self.queues)
+                # Rows due a while ago (promotion ran late) may sit behind this worker's cursor.
+                if promoted.earliest is not None:
+                    for name in promoted.queues:
+                        if self.cursor.passed(name, promoted.earliest):
+                            self.cursor.reset(name)
+        if now >= self._limits_at:
+            # Which of our queues have limits: once a second, so that an operator's change
+            # holds fleet-wide within a second (one probe of a small table per second, not per
+            # claim; the claim of an unlimited queue never reads the limit tables).
+            self.set_limited(limited_queues(conn, self.q, self.queues))
+            self._limits_at = now + LIMITS_REFRESH
+        if now >= self._limit_at:
+            self._hot.update(self._waiting)
+            self._waiting.clear()
+            self._limit_at = math.inf
+        if free <= 0 or not self._hot:
+            return None
+        n = len(self.queues)
+        order = [self.queues[(self._turn + i) % n] for i in range(n)]
+        self._turn += 1
+        names = [name for name in order if name in self._hot]
+        limit = min(self.batch_size, free)
+        if not self.limited:
+            return Claim(names, limit, self._claim_plain(conn, names, limit))
+        return self._claim_mixed(conn, names, limit, now)
+
+    def _claim_plain(
+        self, conn: psycopg.Connection, names: list[str], limit: int
+    ) -> list[tr.Claimed]:
+        """The claim statement over unlimited queues, from this worker's cursors."""
+        return tr.claim(
+            conn,
+            self.q,
+            queues=names,
+            limit=limit,
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            cursor=self.cursor,
+            max_attempts=self._handlers,
+        )
+
+    def _claim_mixed(
+        self, conn: psycopg.Connection, names: list[str], limit: int, now: float
+    ) -> Claim:
+        """The unlimited queues in one statement, as usual, then each limited queue in name order
+        (the order every worker takes their limit rows in: no deadlock) with what is left."""
+        plain = [name for name in names if name not in self.limited]
+        rows = self._claim_plain(conn, plain, limit) if plain else []
+        got = Claim(plain, limit, rows, unlimited_rows=len(rows))
+        for name in sorted(n for n in names if n in self.limited):
+            left = limit - len(got.rows)
+            if left <= 0:
+                break
+            result = tr.claim_limited(
+                conn,
+                self.q,
+                queue=name,
+                limit=left,
+                worker_id=self.worker_id,
+                lease_seconds=self.lease_seconds,
+                max_attempts=self.max_attempts,
+            )
+            got.rows.extend(result.rows)
+            got.limited[name] = len(result.rows)
+            if result.wait is not None:
+                self._waiting.add(name)
+                self._limit_at = min(self._limit_at, now + result.wait)
+            elif len(result.rows) < left:
+                self._held.add(name)
+        return got
+
+    def committed(self, claim: Claim | None) -> bool:
+        """After the commit: move the cursors and decide which queues stay hot. True when the
+        claim came back full (more may wait)."""
+        if claim is None:
+            return False
+        by_queue: dict[str, list[tr.Claimed]] = {}
+        if len(claim.queues) == 1 and not claim.limited:
+            if claim.rows:
+                by_queue[claim.queues[0]] = claim.rows  # one queue: every row is of it
+        else:
+            for row in claim.rows:  # in claim order within each queue
+                by_queue.setdefault(row.queue, []).append(row)
+        for name, rows in by_queue.items():
+            if name not in claim.limited:
+                self.cursor.advance(name, rows)
+        plain = len(claim.rows) if claim.unlimited_rows is None else claim.unlimited_rows
+        full = plain >= claim.limit
+        self._hot.difference_update(claim.queues)
+        if full:
+            # The statement stopped at the limit: the queues it reached may hold more, and the
+            # ones after them were not read at all.
+            last = claim.rows[plain - 1].queue
+            self._hot.update(claim.queues[max(0, claim.queues.index(last)) :])
+        if claim.unlimited_rows is not None:
+            # A limited queue that gave all it was asked may hold more; the others wait for a
+            # slot (freed), the window (_limit_at) or the poll. Those not reached stay hot.
+            self._hot.difference_update(claim.limited)
+            for name, count in claim.limited.items():
+                if count and name not in self._held and name not in self._waiting:
+                    self._hot.add(name)
+                    full = True
+        return full
+
+    def rolled_back(self, claim: Claim | None) -> None:
+        """The transaction failed: read the same queues again next time."""
+        if claim is not None:
+            self._hot.update(claim.queues)
+            self._hot.update(claim.limited)
+
+    def reset(self, names: Sequence[str]) -> None:
+        """Rows committed behind the cursor of these queues (see tr.behind): read them from
+        their start."""
+        for name in names:
+            self.cursor.reset(name)
+            if name in self._served:
+                self._hot.add(name)
+
+
+def limited_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:
+    """Of ``queues``, those with limits (schema/0014)."""
+    return [r[0] for r in conn.execute(q["limited_queues"], {"queues": list(queues)}).fetchall()]
+
+
+def failure(job: Job) -> tr.Failure:
+    """The retry statement's view of a failed job: when to try again, and why it failed."""
+    c, outcome = job.claimed, job.outcome
+    assert outcome is not None
+    base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
+    return tr.Failure(
+        c.id, c.attempt, retry_delay(c.attempt, base), outcome.error or "", outcome.permanent
+    )
+
+
+def log_acknowledged(jobs: list[Job], kept: dict[int, str], states: dict[int, str]) -> int:
+    """After the commit: say what happened to each job; returns how many completed."""
+    completed = 0
+    for job in jobs:
+        outcome = job.outcome
+        assert outcome is not None
+        if outcome.ok and kept.get(job.id) == "done":
+            completed += 1
+        elif outcome.ok and job.id in kept:
+            log.info(
+                "task %d attempt %d cancelled: its handler finished after the cancel request, "
+                "so its result is not recorded",
+                job.id,
+                job.attempt,
+            )
+        elif not outcome.ok and job.id in states:
+            state = states[job.id]
+            log.log(
+                logging.WARNING if state == "failed" else logging.INFO,
+                "task %d attempt %d %s: %s",
+                job.id,
+                job.attempt,
+                {
+                    "failed": "failed for good",
+                    "handed_back": "handed back",
+                    "cancelled": "cancelled",
+                }.get(state, "will retry"),
+                outcome.error.splitlines()[0] if outcome.error else "",
+            )
+        else:
+            log.warning(
+                "could not %s task %d: this worker no longer owns it (lease expired, rescued)",
+                "complete" if outcome.ok else "retry",
+                job.id,
+            )
+    return completed
+
+
+__all__ = ["MANY_QUEUES", "PROMOTE_LIMIT", "Batcher", "Claim", "failure", "log_acknowledged"]

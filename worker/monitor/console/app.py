@@ -1,0 +1,395 @@
+"""The operator console under /console: which page or action a request names, who may do it, and
+the record of every action (the log, and the audit table through ``ConsoleData.act``).
+
+Reads need nothing. Every POST is refused (403) unless actions are on (a console token is
+configured), the request comes from a page of this server (Origin matches Host), it belongs to a
+signed-in session and it carries that session's CSRF token. A refused POST changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlencode
+
+import psycopg
+
+from ...coord import pause as _pause
+from ...db.dsn import scrub
+from ...ops import actions
+from ..bounds import clip
+from ..readmodel import Database
+from . import jobs as console_jobs
+from . import views as console_views
+from .auth import ConsoleAuth, Session, clear_cookie, csrf_ok, same_origin, set_cookie
+from .data import ConsoleData, first_line
+from .filter import parse_filter
+from .views import Frame
+
+log = logging.getLogger("worker.console")
+
+T = TypeVar("T")
+
+# Scripts and styles only from the console's own files; forms post only to this server.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+HEADERS = (
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Content-Security-Policy", CSP),
+    ("X-Frame-Options", "DENY"),
+    # Not no-referrer: with it, browsers send "Origin: null" on a POST, and the same-origin check
+    # could not tell our own forms from anyone else's.
+    ("Referrer-Policy", "same-origin"),
+)
+HTML = "text/html; charset=utf-8"
+STATIC = {
+    "/console/static/console.css": ("console.css", "text/css; charset=utf-8"),
+    "/console/static/console.js": ("console.js", "text/javascript; charset=utf-8"),
+}
+MAX_FORM_FIELDS = 20
+_TASK_ACTION = re.compile(r"/console/jobs/([0-9]{1,19})/(retry|cancel|delete)")
+_TASK_PAGE = re.compile(r"/console/jobs/([0-9]{1,19})")
+
+
+@dataclass
+class Response:
+    status: HTTPStatus
+    body: bytes
+    content_type: str = HTML
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _static(name: str) -> bytes:
+    return (resources.files("worker.monitor") / "static" / name).read_bytes()
+
+
+def _redirect(location: str, *headers: tuple[str, str]) -> Response:
+    return Response(HTTPStatus.SEE_OTHER, b"", headers=[("Location", location), *headers])
+
+
+def _first(form: Mapping[str, list[str]], key: str) -> str:
+    return (form.get(key) or [""])[0]
+
+
+class Console:
+    def __init__(
+        self, db: Database, data: ConsoleData, auth: ConsoleAuth, *, refresh: float = 5.0
+    ) -> None:
+        self.db = db
+        self.data = data
+        self.auth = auth
+        self.refresh = refresh
+        self.schema = db.schema
+        self._files = {path: (_static(name), kind) for path, (name, kind) in STATIC.items()}
+
+    def close(self) -> None:
+        self.data.close()
+
+    def _frame(self, session: Session | None, *, keep_flash: bool = False) -> Frame:
+        flash: list[str] = []
+        if session is not None and not keep_flash:
+            flash, session.flash = session.flash, []
+        return Frame(
+            self.schema, self.db.display_dsn, self.refresh, self.auth.enabled, session, flash
+        )
+
+    def _html(self, body: str, status: HTTPStatus = HTTPStatus.OK) -> Response:
+        return Response(status, body.encode())
+
+    def _safe(self, fn: Callable[[], T], default: T) -> T:
+        try:
+            return fn()
+        except psycopg.Error as exc:
+            log.warning("console: database problem: %s", scrub(first_line(exc)))
+            return default
+
+    # GET
+
+    def get(self, path: str, query: str, headers: Mapping[str, str]) -> Response:
+        if path in self._files:
+            body, kind = self._files[path]
+            return Response(HTTPStatus.OK, body, kind)
+        session = self.auth.session(headers)
+        # The page's own refreshes leave messages for the next page the person opens.
+        frame = self._frame(session, keep_flash=bool(headers.get("X-Console-Refresh")))
+        params = parse_qs(query, max_num_fields=MAX_FORM_FIELDS)
+        try:
+            return self._get(path, params, frame)
+        except psycopg.Error as exc:
+            text = f"database problem: {scrub(first_line(exc))}"
+            page = console_views.message(frame, "Database problem", text)
+            return self._html(page, HTTPStatus.SERVICE_UNAVAILABLE)
+
+    def _get(self, path: str, params: Mapping[str, list[str]], frame: Frame) -> Response:
+        if path in ("/console", "/console/"):
+            page = self.db.page()
+            body = console_views.overview(
+                frame,
+                page,
+                self.data.throughput(),
+                self._safe(self.data.paused, []),
+                self._safe(lambda: self.data.recent_actions(10), []),
+                _page_number(params),
+            )
+            return self._html(body, _status(page))
+        if path == "/console/jobs":
+            f, notes = parse_filter(params)
+            cursor = _first(params, "cursor") or None
+            page = self.data.browse(f, cursor)
+            status = HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
+            return self._html(console_jobs.browser(frame, f, page, notes, cursor), status)
+        if path == "/console/jobs/bulk":
+            return self._bulk_page(params, frame)
+        if match := _TASK_PAGE.fullmatch(path):
+            task_id = int(match.group(1))
+            task = self.data.task(task_id) if task_id < 2**63 else None
+            status = HTTPStatus.OK if task else HTTPStatus.NOT_FOUND
+            return self._html(console_jobs.detail(frame, task, task_id), status)
+        if path == "/console/queues":
+            page = self.db.page()
+            paused = self._safe(self.data.paused, [])
+            body = console_views.queues(frame, page, paused, _page_number(params))
+            return self._html(body, _status(page))
+        if path in ("/console/cron", "/console/locks"):
+            page = self.db.page()
+            view = console_views.cron if path.endswith("cron") else console_views.locks
+            return self._html(view(frame, page), _status(page))
+        if path == "/console/login":
+            return self._html(console_views.sign_in(frame))
+        return self._html(
+            console_views.message(frame, "Not found", "No such console page."),
+            HTTPStatus.NOT_FOUND,
+        )
+
+    def _bulk_page(self, params: Mapping[str, list[str]], frame: Frame) -> Response:
+        action = _first(params, "action")
+        f, _ = parse_filter(params)
+        if action not in console_jobs.BULK or f.empty or f.id is not None:
+            text = "a bulk action needs an action (retry, cancel or delete) and a filter"
+            return self._html(
+                console_views.message(frame, "Bad request", text), HTTPStatus.BAD_REQUEST
+            )
+        if not frame.can_act:
+            text = "sign in to act on tasks" if self.auth.enabled else "actions are off"
+            return self._html(console_views.message(frame, "Read-only", text), HTTPStatus.FORBIDDEN)
+        found, more = self.data.matching(f, limit=actions.MAX_IDS)
+        body = console_jobs.bulk_confirm(frame, f, action, found, more, actions.MAX_IDS)
+        return self._html(body)
+
+    # POST
+
+    def post(self, path: str, body: bytes, headers: Mapping[str, str], address: str) -> Response:
+        frame = self._frame(None)
+        if not self.auth.enabled:
+            return self._refuse(frame, "actions are off: no console token is configured")
+        if not same_origin(headers):
+            log.warning(
+                "console: refused a POST to %s from %s: not from this console's pages",
+                clip(path, 100),
+                address,
+            )
+            return self._refuse(frame, "refused: this request did not come from this console")
+        kind = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            return self._refuse(
+                frame, "refused: expected a form", HTTPStatus.UNSUPPORTED_MEDIA_TYPE
+            )
+        try:
+            form = parse_qs(
+                body.decode("utf-8"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS
+            )
+        except (UnicodeDecodeError, ValueError):
+            return self._refuse(
+                frame, "refused: a form this console cannot read", HTTPStatus.BAD_REQUEST
+            )
+        if path == "/console/login":
+            return self._sign_in(form, address)
+        session = self.auth.session(headers)
+        if session is None:
+            return self._refuse(frame, "refused: sign in first")
+        if not csrf_ok(session, _first(form, "csrf")):
+            log.warning(
+                "console: refused a POST to %s from %s: missing or wrong CSRF token",
+                clip(path, 100),
+                address,
+            )
+            return self._refuse(frame, "refused: missing or wrong CSRF token (reload the page)")
+        if path == "/console/logout":
+            self.auth.sign_out(session)
+            log.info("console: %s signed out (from %s)", clip(session.name, 64), address)
+            return _redirect("/console/", ("Set-Cookie", clear_cookie()))
+        who = (session.name, address)
+        if match := _TASK_ACTION.fullmatch(path):
+            return self._task_action(session, who, int(match.group(1)), match.group(2))
+        if path == "/console/jobs/bulk":
+            return self._bulk(session, who, form)
+        if path in ("/console/queues/pause", "/console/queues/resume"):
+            return self._queue_action(session, who, path.rsplit("/", 1)[1], _first(form, "queue"))
+        return self._refuse(frame, "no such action", HTTPStatus.NOT_FOUND)
+
+    def _refuse(
+        self, frame: Frame, text: str, status: HTTPStatus = HTTPStatus.FORBIDDEN
+    ) -> Response:
+        return self._html(console_views.message(frame, "Refused", text), status)
+
+    def _sign_in(self, form: Mapping[str, list[str]], address: str) -> Response:
+        session = self.auth.sign_in(_first(form, "token"), _first(form, "name"))
+        if session is None:
+            log.warning("console: failed sign-in from %s (wrong token)", address)
+            page = console_views.sign_in(self._frame(None), "Wrong token.")
+            return self._html(page, HTTPStatus.FORBIDDEN)
+        log.info("console: %s signed in from %s", clip(session.name, 64), address)
+        return _redirect("/console/", ("Set-Cookie", set_cookie(session)))
+
+    def _act(
+        self,
+        session: Session,
+        who: tuple[str, str],
+        action: str,
+        target: Mapping[str, Any],
+        fn: Callable[[psycopg.Connection], actions.Outcome | bool],
+    ) -> actions.Outcome | None:
+        """Run an action with its audit record, log it, and on failure leave a message."""
+        name, address = who
+        try:
+            outcome = self.data.act(fn, actor=name, address=address, action=action, target=target)
+        except (psycopg.Error, ValueError) as exc:
+            text = scrub(first_line(exc))
+            log.warning(
+                "console: %s from %s: %s %s failed: %s",
+                clip(name, 64),
+                address,
+                action,
+                clip(str(dict(target)), 300),
+                text,
+            )
+            session.flash.append(f"{action} failed: {text}")
+            return None
+        log.info(
+            "console: %s from %s: %s %s: %d row(s) changed",
+            clip(name, 64),
+            address,
+            action,
+            clip(str(dict(target)), 300),
+            outcome.changed,
+        )
+        return outcome
+
+    def _task_action(
+        self, session: Session, who: tuple[str, str], task_id: int, verb: str
+    ) -> Response:
+        if task_id >= 2**63:
+            return _redirect("/console/jobs")
+        fn = self._actions(who[0])[verb]
+        outcome = self._act(
+            session,
+            who,
+            verb,
+            {"task_id": task_id},
+            lambda conn: fn(conn, self.schema, [task_id]),
+        )
+        if outcome is not None:
+            past = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[verb]
+            if outcome.requested:
+                session.flash.append(
+                    f"task {task_id}: cancel requested; it is running, its worker will stop it"
+                )
+            elif outcome.changed:
+                session.flash.append(f"task {task_id} {past}")
+            elif outcome.skipped:
+                session.flash.append(
+                    f"task {task_id} not retried: a scheduled, queued or running task holds its "
+                    "dedupe key"
+                )
+            else:
+                states = ", ".join(console_jobs.BULK[verb][1])
+                session.flash.append(f"task {task_id} not {past}: it is gone or no longer {states}")
+        if verb == "delete" and outcome is not None and outcome.changed:
+            return _redirect("/console/jobs")
+        return _redirect(f"/console/jobs/{task_id}")
+
+    def _bulk(
+        self, session: Session, who: tuple[str, str], form: Mapping[str, list[str]]
+    ) -> Response:
+        action = _first(form, "action")
+        f, _ = parse_filter(form)
+        back = "/console/jobs?" + urlencode(f.fields())
+        if action not in console_jobs.BULK or f.empty or f.id is not None:
+            session.flash.append("bulk action refused: it needs an action and a filter")
+            return _redirect(back)
+        states = console_jobs.BULK[action][1]
+        try:
+            found, more = self.data.matching(f, limit=actions.MAX_IDS)
+        except psycopg.Error as exc:
+            session.flash.append(f"{action} failed: {scrub(first_line(exc))}")
+            return _redirect(back)
+        ids = [task_id for task_id, state in found if state in states]
+        fn = self._actions(who[0])[action]
+        target = {"filter": f.fields(), "matched": len(found)}
+        outcome = self._act(
+            session, who, f"bulk {action}", target, lambda conn: fn(conn, self.schema, ids)
+        )
+        if outcome is not None:
+            text = f"{action}: {outcome.changed:,} of {len(found):,} matching task(s) changed"
+            if outcome.skipped:
+                text += f"; {outcome.skipped:,} skipped (a live task holds their dedupe key)"
+            if outcome.requested:
+                text += f" ({outcome.requested:,} running: their workers will stop them)"
+            if more:
+                text += "; more may match: run it again"
+            session.flash.append(text)
+        return _redirect(back)
+
+    @staticmethod
+    def _actions(actor: str) -> dict[str, Callable[[psycopg.Connection, str, list[int]], Any]]:
+        """The task actions by verb; a cancel records who asked for it in the task row."""
+        return {
+            "retry": actions.retry,
+            "cancel": functools.partial(actions.cancel, by=actor),
+            "delete": actions.delete,
+        }
+
+    def _queue_action(
+        self, session: Session, who: tuple[str, str], verb: str, queue: str
+    ) -> Response:
+        if not 1 <= len(queue) <= _pause.MAX_QUEUE_CHARS:
+            session.flash.append(f"{verb} refused: a queue name is 1 to 255 characters")
+            return _redirect("/console/queues")
+        if verb == "pause":
+            fn: Callable[[psycopg.Connection], bool] = lambda conn: _pause.pause(  # noqa: E731
+                conn, self.schema, queue, session.name
+            )
+        else:
+            fn = lambda conn: _pause.resume(conn, self.schema, queue)  # noqa: E731
+        outcome = self._act(session, who, verb, {"queue": queue}, fn)
+        if outcome is not None:
+            shown = clip(queue, 80)
+            if verb == "pause":
+                done = "paused" if outcome.changed else "was paused already"
+            else:
+                done = "resumed" if outcome.changed else "was not paused"
+            session.flash.append(f"queue {shown} {done}")
+        return _redirect("/console/queues")
+
+
+def _page_number(params: Mapping[str, list[str]]) -> int:
+    try:
+        return int(_first(params, "queues_page") or 1)
+    except ValueError:
+        return 1
+
+
+def _status(page: Any) -> HTTPStatus:
+    return HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
+
+
+__all__ = ["CSP", "HEADERS", "Console", "Response"]

@@ -1,0 +1,358 @@
+"""The console's own reads and its actions, on connections apart from the status page's.
+
+The status page and /metrics share one cached connection (``readmodel.Database``); a person
+browsing jobs or pressing a button must not make a scrape wait, so the console has up to three
+connections of its own. Every read runs in a READ ONLY transaction, and everything (reads and
+actions) under a statement timeout. Job pages are bounded by construction (queries/browse.sql:
+at most ``SCAN_ROWS`` rows walked per page); the throughput per minute is counted once per
+settled minute and kept (see ``Throughput``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
+
+from ...coord import pause as _pause
+from ...db.dsn import scrub
+from ...db.sql import queries
+from ...ops import actions
+from .filter import END, START, Filter, encode_cursor, walk_params
+
+log = logging.getLogger("worker.console")
+
+T = TypeVar("T")
+
+PAGE_ROWS = 50
+SCAN_ROWS = 100_000  # rows a job page walks at most
+BULK_SCAN_ROWS = 500_000  # rows a bulk action walks at most to find its tasks
+STATEMENT_TIMEOUT_MS = 5000
+ROW_CHARS = 200  # error and payload on a row of the browser
+DETAIL_CHARS = 65_536  # error and payload on a task's page
+DETAIL_NAME_CHARS = 1000
+MINUTES = 60  # the throughput's window
+MINUTE_CAP = 100_000  # rows counted per minute and outcome at most
+SETTLE_SECONDS = 120  # a minute this long over is counted once and kept
+MINUTES_PER_REFRESH = 15  # settled minutes counted per refresh at most (the first view's cost)
+TIMED_OUT = (
+    f"gave up after {STATEMENT_TIMEOUT_MS / 1000:g} s: narrow the filter (a queue, a task, a state)"
+)
+
+
+class _Timestamptz(TimestamptzLoader):
+    """timestamptz, with PostgreSQL's infinities read as the ends of Python's range (a producer
+    could write them, and one row must not make a whole page fail)."""
+
+    def load(self, data: Any) -> datetime:
+        raw = bytes(data)
+        if raw == b"infinity":
+            return END
+        if raw == b"-infinity":
+            return START
+        return super().load(data)
+
+
+@dataclass
+class Page:
+    """One page of the job browser."""
+
+    rows: list[dict[str, Any]]
+    next_cursor: str | None = None  # the page after this one, when there is one
+    scanned_to: str | None = None  # the walk stopped at its limit here, the page not full
+    error: str | None = None
+
+
+@dataclass
+class Minute:
+    at: datetime
+    done: int
+    failed: int
+
+
+@dataclass
+class Throughput:
+    minutes: list[Minute] = field(default_factory=list)  # oldest first; missing: not counted yet
+    start: datetime | None = None  # the window's first minute
+    pending: int = 0  # minutes of the window not counted yet (counted on the next refreshes)
+    cap: int = MINUTE_CAP
+    error: str | None = None
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, any password it names replaced by ***."""
+    text = str(exc).strip()
+    return scrub(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def browse_statement(
+    f: Filter, cursor: str | None, *, limit: int, scan: int, chars: int = ROW_CHARS
+) -> tuple[str, dict[str, Any]]:
+    """The statement of queries/browse.sql that lists a page of ``f`` after ``cursor``, and its
+    parameters: at most ``limit`` rows from a walk of at most ``scan``."""
+    params: dict[str, Any] = {
+        "chars": chars,
+        "queue": f.queue,
+        "task": f.task,
+        "state": f.state,
+        "pattern": f.pattern(),
+        "limit": limit + 2,  # one more than the page, and the walk's marker row
+        # A walk whose every row matches needs no more rows than the page: saying so lets the
+        # planner pick the index that is already in order.
+        "scan": scan if f.narrows_walk else limit + 1,
+        **walk_params(f.mode, cursor),
+    }
+    if f.id is not None:
+        params["id"] = f.id
+        return "browse_id", params
+    return f"browse_{f.mode}", params
+
+
+class _Connections:
+    """At most ``size`` connections, opened on demand and kept between requests. No pool thread
+    retries in the background: with the database down, a request fails as fast as its connect
+    does, and the page says so."""
+
+    def __init__(self, dsn: str, size: int, connect_timeout: int) -> None:
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(
+            self.dsn,
+            autocommit=True,
+            connect_timeout=self.connect_timeout,
+            application_name="worker-console",
+            prepare_threshold=None,  # see queries/browse.sql: the planner sees the values
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            tcp_user_timeout=15000,
+        )
+        conn.adapters.register_loader("timestamptz", _Timestamptz)
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[tuple[psycopg.Connection, bool]]:
+        """A connection, and whether it was opened for this request (a kept one may have been
+        closed by the server since)."""
+        if not self._slots.acquire(timeout=STATEMENT_TIMEOUT_MS / 1000 + 5):
+            raise psycopg.OperationalError("the console's connections are all busy")
+        conn = None
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            fresh = conn is None
+            if conn is None:
+                conn = self._connect()
+            yield conn, fresh
+        except BaseException:
+            if conn is not None:
+                conn.close()
+                conn = None
+            raise
+        finally:
+            if conn is not None and not conn.closed:
+                with self._lock:
+                    self._idle.append(conn)
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class ConsoleData:
+    def __init__(self, dsn: str, schema: str, *, ttl: float = 10.0, connect_timeout: int = 3):
+        self.schema = schema
+        self.q = queries(schema)
+        self.ttl = ttl
+        self.connections = _Connections(dsn, 3, connect_timeout)
+        self._minutes: dict[datetime, Minute] = {}
+        self._throughput: tuple[float, Throughput] | None = None
+        self._tp_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.connections.close()
+
+    def _run(self, fn: Callable[[psycopg.Connection], T], *, write: bool = False) -> T:
+        """``fn`` in a transaction under the statement timeout, READ ONLY unless ``write``. A read
+        that meets a broken kept connection runs once more on a new one; an action never runs
+        twice."""
+        for attempt in (1, 2):
+            fresh = True
+            try:
+                with self.connections.connection() as (conn, fresh), conn.transaction():
+                    if not write:
+                        conn.execute("SET TRANSACTION READ ONLY")
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, true),"
+                        " set_config('max_parallel_workers_per_gather', '0', true)",
+                        (str(STATEMENT_TIMEOUT_MS),),
+                    )
+                    conn.execute(self.q["no_jit"])
+                    return fn(conn)
+            except psycopg.OperationalError:
+                if fresh or write or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # the job browser
+
+    def browse(self, f: Filter, cursor: str | None, *, limit: int = PAGE_ROWS) -> Page:
+        try:
+            return self._run(lambda conn: self._browse(conn, f, cursor, limit, SCAN_ROWS))
+        except psycopg.errors.QueryCanceled:
+            return Page([], error=TIMED_OUT)
+        except psycopg.Error as exc:
+            return Page([], error=first_line(exc))
+
+    def _browse(
+        self,
+        conn: psycopg.Connection,
+        f: Filter,
+        cursor: str | None,
+        limit: int,
+        scan: int,
+        chars: int = ROW_CHARS,
+    ) -> Page:
+        statement, params = browse_statement(f, cursor, limit=limit, scan=scan, chars=chars)
+        with conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(self.q[statement], params).fetchall()
+        hits = [r for r in rows if r["hit"]]
+        page = Page(hits[:limit])
+        if len(hits) > limit:
+            page.next_cursor = encode_cursor(f.mode, hits[limit - 1])
+        elif f.id is None and rows and rows[-1]["n"] == params["scan"]:
+            page.scanned_to = encode_cursor(f.mode, rows[-1])
+        return page
+
+    def matching(self, f: Filter, *, limit: int) -> tuple[list[tuple[int, str]], bool]:
+        """(id, state) of up to ``limit`` tasks the filter matches, from the start of its order,
+        and whether there may be more (the limit was reached, or the walk stopped after
+        ``BULK_SCAN_ROWS`` rows)."""
+
+        def read(conn: psycopg.Connection) -> tuple[list[tuple[int, str]], bool]:
+            page = self._browse(conn, f, None, limit, BULK_SCAN_ROWS, chars=0)
+            found = [(int(r["id"]), str(r["state"])) for r in page.rows]
+            return found, bool(page.next_cursor or page.scanned_to)
+
+        return self._run(read)
+
+    # one task
+
+    def task(self, task_id: int) -> dict[str, Any] | None:
+        def read(conn: psycopg.Connection) -> dict[str, Any] | None:
+            with conn.cursor(row_factory=dict_row) as cur:
+                return cur.execute(
+                    self.q["console_task"],
+                    {"id": task_id, "chars": DETAIL_CHARS, "name_chars": DETAIL_NAME_CHARS},
+                ).fetchone()
+
+        return self._run(read)
+
+    # paused queues and the audit
+
+    def paused(self) -> list[_pause.PausedQueue]:
+        return self._run(lambda conn: _pause.paused(conn, self.schema))
+
+    def recent_actions(self, limit: int = 20) -> list[tuple[Any, ...]]:
+        return self._run(lambda conn: actions.recent(conn, self.schema, limit=limit))
+
+    # throughput
+
+    def throughput(self) -> Throughput:
+        """Done and failed tasks per minute over the last hour, by the database's clock. A minute
+        over for SETTLE_SECONDS is counted once and kept; the newer ones are counted again at
+        each refresh (at most every ``ttl`` seconds), and at most MINUTES_PER_REFRESH missing
+        ones are added per refresh, newest first, so that no single view pays for a whole hour
+        of a busy table."""
+        with self._tp_lock:
+            cached = self._throughput
+            if cached is not None and time.monotonic() - cached[0] < self.ttl:
+                return cached[1]
+            try:
+                result = self._run(self._count_minutes)
+            except psycopg.Error as exc:
+                result = Throughput(error=first_line(exc))
+            self._throughput = (time.monotonic(), result)
+            return result
+
+    def _count_minutes(self, conn: psycopg.Connection) -> Throughput:
+        row = conn.execute(self.q["console_minute"]).fetchone()
+        assert row is not None
+        now: datetime = row[0]
+        window = [now - timedelta(minutes=i) for i in range(MINUTES)]  # newest first
+        settled = [m for m in window if now - m >= timedelta(seconds=SETTLE_SECONDS)]
+        fresh = [m for m in window if m not in settled]
+        missing = [m for m in settled if m not in self._minutes][:MINUTES_PER_REFRESH]
+        counted = conn.execute(
+            self.q["throughput_minutes"], {"minutes": fresh + missing, "cap": MINUTE_CAP}
+        ).fetchall()
+        recent = {}
+        for at, done, failed in counted:
+            minute = Minute(at, int(done), int(failed))
+            if at in settled:
+                self._minutes[at] = minute
+            else:
+                recent[at] = minute
+        for old in [m for m in self._minutes if m not in window]:
+            del self._minutes[old]
+        shown = [self._minutes.get(m) or recent.get(m) for m in reversed(window)]
+        return Throughput(
+            [m for m in shown if m is not None],
+            window[-1],
+            sum(1 for m in shown if m is None),
+            MINUTE_CAP,
+        )
+
+    # actions
+
+    def act(
+        self,
+        fn: Callable[[psycopg.Connection], actions.Outcome | bool],
+        *,
+        actor: str,
+        address: str,
+        action: str,
+        target: Mapping[str, Any],
+    ) -> actions.Outcome:
+        """Run one action and record it in the audit table, in one transaction: an action that
+        fails leaves no record, and a record that cannot be written undoes the action."""
+
+        def run(conn: psycopg.Connection) -> actions.Outcome:
+            result = fn(conn)
+            if not isinstance(result, actions.Outcome):  # pause and resume say yes or no
+                result = actions.Outcome(int(result))
+            actions.record(
+                conn,
+                self.schema,
+                actor=actor,
+                address=address,
+                action=action,
+                target=target,
+                affected=result.changed,
+            )
+            return result
+
+        return self._run(run, write=True)
+
+
+__all__ = ["PAGE_ROWS", "SCAN_ROWS", "ConsoleData", "Minute", "Page", "Throughput", "first_line"]

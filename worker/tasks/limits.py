@@ -1,0 +1,237 @@
+"""Flow control: fleet-wide concurrency limits and rate limits, per queue and per key.
+
+A queue's limits are one row of ``queue_limits`` (schema/0014), so they hold for every worker of
+the fleet. Code declares them (``worker.limit(...)`` or ``@worker.task(limits=...)``), and a
+worker writes its declarations when it starts; an operator changes them at run time (``worker
+limits set``, or ``set_queue_limit()`` in SQL), and code then leaves the operator's setting alone.
+
+The claim of a limited queue is ``claim_limited`` (schema/0014, called from _transitions); this
+module only declares, records and lists limits, and turns a task's payload into its key.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from ..db.connect import Target, borrow
+from ..db.sql import execute, queries
+
+MAX_QUEUE_CHARS = 255
+MAX_KEY_CHARS = 255  # as the tasks_limit_key_length constraint (schema/0014)
+MAX_BY_CHARS = 200
+MAX_LISTED = 10_000
+COUNT_CAP = 10_000  # running and waiting counts stop here (see the `limits` query)
+MAX_PERIOD = 31_622_400.0  # a year (and a day): as the table's constraint
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
+          "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}  # fmt: skip
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """'50/s', '1000/h', '10/5s', '3/2.5min' -> (starts, period in seconds)."""
+    m = _RATE.match(text.lower()) if isinstance(text, str) else None
+    if m is None or m[3] not in _UNITS:
+        raise ValueError(f"a rate is N/PERIOD, as 50/s, 1000/h or 10/5min, not {text!r}")
+    count, scale = int(m[1]), float(m[2]) if m[2] else 1.0
+    return _checked_rate(count, scale * _UNITS[m[3]])
+
+
+def _checked_rate(count: int, seconds: float) -> tuple[int, float]:
+    if count < 0 or not math.isfinite(seconds) or not 0 < seconds <= MAX_PERIOD:
+        raise ValueError("a rate is at least 0 starts per period of more than 0 s up to a year")
+    return count, float(seconds)
+
+
+def _rate(value: str | tuple[int, float] | None) -> tuple[int, float] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_rate(value)
+    count, seconds = value
+    return _checked_rate(int(count), float(seconds))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A queue's limits; None means no such limit.
+
+    ``concurrency``: at most this many of the queue's tasks running at once, fleet-wide.
+    ``key_concurrency``: at most this many running per key (see ``limit_key`` of a task).
+    ``rate`` / ``key_rate``: at most N starts in any window of a period, for the queue / per key:
+    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``.
+    """
+
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+    key_rate: tuple[int, float] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        concurrency: int | None = None,
+        key_concurrency: int | None = None,
+        rate: str | tuple[int, float] | None = None,
+        key_rate: str | tuple[int, float] | None = None,
+    ) -> Limits:
+        for name, value in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a whole number of at least 0, not {value!r}")
+        made = cls(concurrency, key_concurrency, _rate(rate), _rate(key_rate))
+        if made.empty:
+            raise ValueError("give at least one limit (concurrency, key_concurrency, rate, ...)")
+        return made
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in (self.concurrency, self.key_concurrency, self.rate,
+                                       self.key_rate))  # fmt: skip
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "key_concurrency": self.key_concurrency,
+            "rate": None if self.rate is None else self.rate[0],
+            "rate_seconds": None if self.rate is None else self.rate[1],
+            "key_rate": None if self.key_rate is None else self.key_rate[0],
+            "key_rate_seconds": None if self.key_rate is None else self.key_rate[1],
+        }
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """A limited queue as ``limits()`` lists it, with what it holds now."""
+
+    queue: str
+    limits: Limits
+    source: str  # "code" or "operator"
+    updated_by: str
+    updated_at: datetime
+    running: int  # claimed under the limit and running (leases not expired)
+    waiting: int  # queued and due
+    recent_starts: int  # starts inside the queue's rate window (0 without a queue rate)
+    running_keys: int  # distinct keys among the running
+
+
+def describe_rate(rate: tuple[int, float] | None) -> str:
+    if rate is None:
+        return "-"
+    count, seconds = rate
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{count}/{unit}" if n == 1 else f"{count}/{n}{unit}"
+    return f"{count}/{seconds:g}s"
+
+
+def _checked(queue: str) -> str:
+    if not isinstance(queue, str) or not queue or len(queue) > MAX_QUEUE_CHARS:
+        raise ValueError(f"a queue name is 1 to {MAX_QUEUE_CHARS} characters")
+    return queue
+
+
+def set_limits(
+    conn: psycopg.Connection, schema: str, queue: str, limits: Limits, *, by: str,
+    source: str = "operator",
+) -> bool:  # fmt: skip
+    """Record ``queue``'s limits (all of them: a None removes that one). With source "code", an
+    operator's setting is left alone: False."""
+    if limits.empty:
+        raise ValueError("give at least one limit (or clear the queue's limits)")
+    params = {"queue": _checked(queue), "source": source, "by": by[:MAX_BY_CHARS]}
+    rows = execute(conn, queries(schema)["set_limit"], {**params, **limits.params()})
+    return bool(rows[0][0])
+
+
+def clear_limits(conn: psycopg.Connection, schema: str, queue: str) -> bool:
+    """Remove ``queue``'s limits; False when it had none."""
+    return bool(execute(conn, queries(schema)["clear_limit"], {"queue": _checked(queue)})[0][0])
+
+
+def list_limits(
+    conn: psycopg.Connection, schema: str, *, limit: int = MAX_LISTED, cap: int = COUNT_CAP
+) -> list[QueueLimits]:
+    """The limited queues by name with what they hold now; counts stop at ``cap``."""
+    rows = execute(conn, queries(schema)["limits"], {"limit": limit, "cap": cap})
+    found = []
+    for r in rows:
+        rate = None if r[3] is None else (r[3], r[4])
+        lim = Limits(r[1], r[2], rate, None if r[5] is None else (r[5], r[6]))
+        found.append(QueueLimits(r[0], lim, r[7], r[8], r[9], r[10], r[11], r[12], r[13]))
+    return found
+
+
+def limited_queues(conn: psycopg.Connection, schema: str, queues: list[str]) -> set[str]:
+    """Of ``queues``, those with limits (the worker asks once a second)."""
+    return {r[0] for r in execute(conn, queries(schema)["limited_queues"], {"queues": queues})}
+
+
+def declare(
+    conn: psycopg.Connection, schema: str, declared: Mapping[str, Limits], *, by: str
+) -> None:
+    """A worker's start: write the limits its code declares, unless an operator set them."""
+    for queue, limits in sorted(declared.items()):
+        set_limits(conn, schema, queue, limits, by=by, source="code")
+
+
+KeyFn = Callable[[Any], Any]
+
+
+def key_of(spec: str | KeyFn | None, payload: Any) -> str | None:
+    """A task's key from its payload: ``spec`` is a payload field name or a function of the
+    payload. None: no key. A key is text of at most 255 characters."""
+    if spec is None:
+        return None
+    if callable(spec):
+        value = spec(payload)
+    elif isinstance(payload, Mapping):
+        value = payload.get(spec)
+    else:
+        value = getattr(payload, spec, None)
+    if value is None:
+        return None
+    key = value if isinstance(value, str) else str(value)
+    if len(key) > MAX_KEY_CHARS:
+        raise ValueError(f"a limit key is at most {MAX_KEY_CHARS} characters")
+    return key
+
+
+# -- the public API (worker.set_limits, ...): a connection, a pool or a DSN, like enqueue -------
+
+
+def set_queue_limits(
+    target: Target,
+    queue: str,
+    *,
+    concurrency: int | None = None,
+    key_concurrency: int | None = None,
+    rate: str | tuple[int, float] | None = None,
+    key_rate: str | tuple[int, float] | None = None,
+    by: str = "python",
+    schema: str = "worker",
+) -> bool:
+    """Set ``queue``'s limits at run time, as an operator: every worker applies them within about
+    a second, and code declarations no longer change them (until ``clear_queue_limits``)."""
+    limits = Limits.of(
+        concurrency=concurrency, key_concurrency=key_concurrency, rate=rate, key_rate=key_rate
+    )
+    with borrow(target) as conn:
+        return set_limits(conn, schema, queue, limits, by=by)
+
+
+def clear_queue_limits(target: Target, queue: str, *, schema: str = "worker") -> bool:
+    with borrow(target) as conn:
+        return clear_limits(conn, schema, queue)
+
+
+def queue_limits(target: Target, *, schema: str = "worker") -> list[QueueLimits]:
+    with borrow(target) as conn:
+        return list_limits(conn, schema)

@@ -1,0 +1,162 @@
+"""Storing a handler's return value with its row (schema/0012), and telling waiters.
+
+A task stores its result when its handler says so (``@task(..., store_result=True)``) or the
+worker stores every handler's (``WorkerConfig.store_results``, ``worker run --store-results``);
+``store_result=False`` on a handler opts it out of the latter. The runner thread encodes the value
+(``encode_result``): JSON that a ``jsonb`` column takes, at most ``max_result_bytes`` of it.
+Anything else fails the task at once with ``ResultTooLarge`` or ``ResultNotSerializable``.
+
+These are transitions like those of ``_transitions`` (which is long enough already): the rows
+with a result are marked done by ``complete_with_result``, in the same acknowledging transaction
+as ``complete`` and with the same fencing, and only when a batch holds such rows; so tasks that
+store nothing keep exactly the acknowledgement they had. The same transaction then notifies the
+channel ``<schema>.done`` with the ids, which is what wakes ``worker.wait`` (``_wait``). Tasks
+that store no result send no notification: a waiter finds them by polling.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from ..db.sql import Queries, validate_schema_name
+from ..errors import ConfigError, ResultNotSerializable, ResultTooLarge
+from ..store.transitions import PLAN_EACH, int_array
+from .registry import Registry, TaskDef
+
+if TYPE_CHECKING:
+    from ..engine.settings import WorkerConfig
+
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024
+# pg_notify refuses payloads of 8,000 bytes or more; ids are sent in pieces below that.
+_NOTIFY_BYTES = 7900
+# A NUL escaped by json.dumps (\u0000 after an even number of backslashes): jsonb refuses it.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def done_channel(schema: str) -> str:
+    """The channel that finished tasks which store a result are announced on."""
+    return f"{validate_schema_name(schema)}.done"
+
+
+def stores(definition: TaskDef, store_all: bool) -> bool:
+    """Whether a handler's return value is stored: its own say, else the worker's."""
+    return store_all if definition.store_result is None else definition.store_result
+
+
+def check_config(config: WorkerConfig, registry: Registry) -> None:
+    """Results live in the row, so a worker that deletes rows at completion (keep_done 0)
+    cannot store them: a waiter would find nothing. Refuse to start rather than drop them."""
+    if config.max_result_bytes < 1:
+        raise ConfigError("max_result_bytes must be at least 1")
+    if config.keep_done_seconds > 0:
+        return
+    storing = [
+        name
+        for name in registry.names()
+        if (d := registry.get(name)) is not None and stores(d, config.store_results)
+    ]
+    if storing:
+        more = ", ..." if len(storing) > 5 else ""
+        raise ConfigError(
+            "tasks that store results need their done rows kept, and --keep-done 0 deletes them "
+            f"at completion (tasks storing results: {', '.join(storing[:5])}{more}); keep them "
+            "as long as results are read, e.g. --keep-done 3600"
+        )
+
+
+def encode_result(value: Any, limit: int = DEFAULT_MAX_RESULT_BYTES) -> str:
+    """The JSON text of a handler's return value, as the ``result`` column will hold it.
+
+    Raises ``ResultNotSerializable`` for what is not JSON (a set, an object, NaN) or what jsonb
+    cannot hold (a NUL character, a lone surrogate), and ``ResultTooLarge`` past ``limit`` bytes
+    (UTF-8). Checked here, on the runner thread, so that the acknowledging statement never meets
+    a value the database would refuse (that would roll back the whole batch's acknowledgement).
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ResultNotSerializable(
+            f"the handler's return value is not JSON-serialisable ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); return a dict, list, str, number, bool or None"
+        ) from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ResultNotSerializable(
+            "the handler's return value holds a lone surrogate, which is not valid UTF-8"
+        ) from None
+    if size > limit:
+        raise ResultTooLarge(
+            f"the handler's return value is {size:,} bytes of JSON, over the limit of "
+            f"{limit:,} (raise max_result_bytes / --max-result-size, or store the data "
+            "elsewhere and return a reference to it)"
+        )
+    if "\\u0000" in text and _NUL.search(text):
+        raise ResultNotSerializable(
+            "the handler's return value holds a NUL character (\\u0000), which jsonb refuses"
+        )
+    return text
+
+
+def complete_with_result(
+    conn: psycopg.Connection,
+    q: Queries,
+    *,
+    worker_id: str,
+    done: Sequence[tuple[int, int, str]],
+) -> dict[int, str]:
+    """in_progress -> done, storing each row's result: (id, attempt, result JSON) each, fenced
+    as ``_transitions.complete`` (a row with a cancel request ends cancelled, without its
+    result). Returns {id: "done" | "cancelled"} for the rows that were still ours."""
+    if not done:
+        return {}
+    ids, attempts, results = zip(*done, strict=True)
+    rows = conn.execute(
+        q["complete_with_result"],
+        {
+            "ids": int_array(ids),
+            "attempts": int_array(attempts),
+            "results": list(results),
+            "worker_id": worker_id,
+        },
+        **PLAN_EACH,  # a batch joined by primary key (see _transitions.PLAN_EACH)
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def notify_done(conn: psycopg.Connection, q: Queries, *, channel: str, ids: Iterable[int]) -> None:
+    """Announce finished tasks on ``channel``, in as few notifications as fit (see notify_done
+    in queries/results.sql). Delivered when the caller's transaction commits."""
+    for payload in _pieces([str(int(i)) for i in ids]):
+        conn.execute(q["notify_done"], {"channel": channel, "ids": payload})
+
+
+def _pieces(ids: list[str]) -> list[str]:
+    out: list[str] = []
+    current: list[str] = []
+    size = 0
+    for text in ids:
+        if current and size + len(text) + 1 > _NOTIFY_BYTES:
+            out.append(",".join(current))
+            current, size = [], 0
+        current.append(text)
+        size += len(text) + 1
+    if current:
+        out.append(",".join(current))
+    return out
+
+
+__all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "check_config",
+    "complete_with_result",
+    "done_channel",
+    "encode_result",
+    "notify_done",
+    "stores",
+]
