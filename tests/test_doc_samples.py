@@ -14,6 +14,7 @@ link between the pages leads to a file that exists, and to a heading of it when 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -44,15 +45,16 @@ _PENDING = {"ARCHITECTURE.md"}
 
 # The page each tested sample lives on.
 FIRST_WORKER = "README.md"
-RESULTS = "README.md"
-TESTING = "README.md"
-TYPED_PAYLOADS = "README.md"
-FASTAPI = "README.md"
-DJANGO = "README.md"
+TUTORIAL = "docs/tutorial.md"
+RESULTS = "docs/howto/results-and-waiting.md"
+TESTING = "docs/howto/testing.md"
+TYPED_PAYLOADS = "docs/howto/typed-payloads.md"
+FASTAPI = "docs/howto/fastapi.md"
+DJANGO = "docs/howto/django.md"
 CRON_AND_LOCKS = "docs/howto/cron-and-locks.md"
-OPENTELEMETRY = "README.md"
-FLOW_CONTROL = "README.md"
-TOOLS = "README.md"
+OPENTELEMETRY = "docs/howto/opentelemetry.md"
+FLOW_CONTROL = "docs/howto/flow-control.md"
+TOOLS = "docs/development.md"
 
 
 def pages() -> list[str]:
@@ -73,8 +75,7 @@ def samples(page: str) -> dict[str, str]:
 def test_the_marked_samples_are_found() -> None:
     found = {page: set(samples(page)) for page in pages() if samples(page)}
     assert found == {
-        "docs/howto/cron-and-locks.md": {"jobs.py", "schedules.py", "crm_sync.py", "books.py"},
-        "README.md": {
+        FIRST_WORKER: {
             "tasks.py",
             "thumbnails.py",
             "shop.py",
@@ -87,6 +88,15 @@ def test_the_marked_samples_are_found() -> None:
             "traced.py",
             "api_limits.py",
         },
+        TUTORIAL: {"tasks.py", "signup.py"},
+        RESULTS: {"thumbnails.py"},
+        TESTING: {"shop.py", "test_shop.py"},
+        TYPED_PAYLOADS: {"billing.py", "produce_bills.py"},
+        FASTAPI: {"app.py"},
+        DJANGO: {"site_settings.py", "orders.py"},
+        CRON_AND_LOCKS: {"jobs.py", "schedules.py", "crm_sync.py", "books.py"},
+        OPENTELEMETRY: {"traced.py"},
+        FLOW_CONTROL: {"api_limits.py"},
     }
 
 
@@ -205,7 +215,9 @@ def test_the_typed_payload_sample(tmp_path: Path, database: str) -> None:
 
 def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
     """A commit enqueues and the embedded worker runs the task; a rollback enqueues nothing; the
-    lifespan's end stops the worker cleanly (it unregistered)."""
+    lifespan's end stops the worker cleanly (it unregistered). The page's set-up step made the
+    schema."""
+    set_up(tmp_path, FASTAPI, database)
     drive = textwrap.dedent(
         """
         import os, time, psycopg
@@ -243,7 +255,8 @@ def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
 def test_the_django_sample(tmp_path: Path, database: str) -> None:
     """An order placed commits its task, a blocked one rolls it back; `manage.py worker_run`
     (here `python -m django worker_run`, the same command without a manage.py) runs it, and
-    get_result() reads its return value."""
+    get_result() reads its return value. The page's set-up step made the schema."""
+    set_up(tmp_path, DJANGO, database)
     env = {"DJANGO_SETTINGS_MODULE": "site_settings"}
     place = textwrap.dedent(
         """
@@ -283,12 +296,44 @@ def commands(page: str, name: str) -> str:
 
 
 def fake_venv(folder: Path) -> None:
-    """``.venv/bin/worker`` in the reader's folder: this interpreter's `worker`, as the README's
-    `pip install -e .` would have made it."""
-    script = folder / ".venv" / "bin" / "worker"
-    script.parent.mkdir(parents=True)
-    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m worker "$@"\n')
-    script.chmod(0o755)
+    """``.venv/bin/worker`` and ``.venv/bin/python`` in the reader's folder: this interpreter and
+    its `worker`, as the README's `pip install` into a venv would have made them."""
+    bin_dir = folder / ".venv" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    python = shlex.quote(sys.executable)
+    for name, command in (("worker", f"{python} -m worker"), ("python", python)):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+
+
+def reader_env(folder: Path, dsn: str) -> dict[str, str]:
+    """A reader's shell after `source .venv/bin/activate`, with their database in DATABASE_URL
+    (and none of this suite's variables)."""
+    fake_venv(folder)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORKER_DSN", "WORKER_SCHEMA", "PYTHONPATH")
+    }
+    path = f"{folder / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, "DATABASE_URL": dsn, "PATH": path}
+
+
+def set_up(folder: Path, page: str, dsn: str) -> None:
+    """The set-up step an integration page starts with, run as written on a database that has
+    no queue schema yet."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA worker CASCADE")
+    out = subprocess.run(
+        ["bash", "-e", "-c", commands(page, "setup")],
+        cwd=folder,
+        env=reader_env(folder, dsn),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "migration(s) to schema worker" in out.stdout
 
 
 def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str) -> None:
@@ -338,6 +383,46 @@ def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str)
     assert re.search(r"^\d+$", text, re.M)  # the id `worker enqueue` printed
     assert re.search(r"^queue\s+scheduled\s+queued", text, re.M)  # `worker status`
     assert "Traceback" not in text
+
+
+def test_the_tutorial_runs_as_written(tmp_path: Path, database: str) -> None:
+    """The tutorial's samples and its commands, one script in a fresh bash with the venv
+    activated: migrate, a worker in the background, enqueues from the shell and from Python,
+    status, a retry, a failure for good, a result, and `kill %1`'s graceful stop."""
+    write_samples(tmp_path, TUTORIAL)
+    env = reader_env(tmp_path, database)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA worker CASCADE")  # a reader's database has none yet
+    log = tmp_path / "shell.log"
+    with log.open("w") as out:
+        shell = subprocess.Popen(
+            ["bash", "-e", "-c", commands(TUTORIAL, "tutorial")],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its background worker is in this process group
+        )
+    try:
+        assert shell.wait(timeout=180) == 0, log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)  # only if the script failed half-way
+    text = log.read_text()
+    assert "applied" in text and "migration(s) to schema worker" in text
+    for to in ("ada", "bob", "eve"):
+        assert f"mail to {to}@example.com: Welcome!" in text, text
+    assert re.search(r"^enqueued task \d+$", text, re.M)
+    assert re.search(r"^queue\s+scheduled\s+queued", text, re.M)  # `worker status`
+    assert "ConnectionError: mail server busy" in text  # the retried attempt's error
+    assert "worker wait exited with 1" in text
+    assert '{"words": 6}' in text.splitlines()
+    assert "Traceback" not in text
+    with psycopg.connect(database) as conn:
+        sql = "SELECT count(*) FROM worker.workers WHERE stopped_at IS NULL"
+        assert conn.execute(sql).fetchone() == (0,)  # `kill %1` and `wait` stopped it cleanly
+        sql = "SELECT state::text, count(*) FROM worker.tasks GROUP BY 1 ORDER BY 1"
+        assert conn.execute(sql).fetchall() == [("done", 4), ("failed", 1)]
 
 
 def spawn_worker(folder: Path, dsn: str, module: str) -> subprocess.Popen[str]:
