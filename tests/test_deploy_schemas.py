@@ -29,8 +29,8 @@ from worker.monitor.metrics.instruments import exported_series
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-# The Kubernetes release whose API the manifests are checked against, the oldest docs/deploy.md
-# names; kubernetes-validate ships the schemas of every release since 1.25.
+# The Kubernetes release whose API the manifests are checked against, the oldest
+# docs/howto/deploying.md names; kubernetes-validate ships the schemas of every release since 1.25.
 KUBERNETES = "1.29"
 
 

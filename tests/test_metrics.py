@@ -310,10 +310,10 @@ def test_every_registered_metric_is_documented() -> None:
         if not s.name.endswith("_created")
     }
     assert registered <= exported_series(), registered - exported_series()
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "deploy.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "metrics.md").read_text()
     for name in exported_series():
         base = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-        assert base in doc, f"{base} is not described in docs/deploy.md"
+        assert base in doc, f"{base} is not described in docs/reference/metrics.md"
 
 
 # -- real processes ------------------------------------------------------------------------------

@@ -1,14 +1,20 @@
-"""The README's samples marked ``<!-- sample: FILE -->`` run as written: each is saved under its
-file name in a folder of its own and run in a child process (so their ``@worker.task`` names stay
-out of this process's registry), against a database of their own whose schema is the default
-``worker``, as a reader's would be. The shell block marked ``<!-- commands: first worker -->``
-runs as written too, in a fresh ``bash`` in that folder.
+"""The code samples of the README and of every page under docs/ run as written. A ``python``
+block marked ``<!-- sample: FILE -->`` is saved under its file name in a folder of its own,
+together with the other samples of the same page (samples are keyed by page: two pages may both
+have a ``tasks.py``), and run in a child process (so their ``@worker.task`` names stay out of
+this process's registry), against a database of their own whose schema is the default
+``worker``, as a reader's would be. A ``sh`` block marked ``<!-- commands: NAME -->`` runs as
+written too, in a fresh ``bash`` in that folder (the blocks of one name on one page run as one
+script, in their order).
 
-Every ``python`` block of the README is a marked sample except the "Python API" listing, which
-is a list of signatures, not a program (``test_every_python_block_is_run``)."""
+Every ``python`` block is a marked sample, except a listing of signatures marked
+``<!-- listing -->`` in the reference (``test_every_python_block_is_run``), and every relative
+link between the pages leads to a file that exists, and to a heading of it when it names one
+(``test_every_relative_link_resolves``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,41 +37,106 @@ from worker.db.migrate import migrate
 ROOT = Path(__file__).resolve().parent.parent
 _SAMPLE = re.compile(r"<!-- sample: ([\w.]+) -->\n```python\n(.*?)```", re.DOTALL)
 _COMMANDS = re.compile(r"<!-- commands: ([\w ]+) -->\n```sh\n(.*?)```", re.DOTALL)
-# Sections owned by other work in progress whose samples are checked by their own tests.
-_NOT_SAMPLES = ("## Python API",)
+# A listing of signatures, not a program: allowed in the reference only.
+_LISTING = "<!-- listing -->"
+# Linked from the README and the manual, written with the code's layout (it may not be here yet).
+_PENDING = {"ARCHITECTURE.md"}
 
 
-def samples() -> dict[str, str]:
-    return dict(_SAMPLE.findall((ROOT / "README.md").read_text()))
+# The page each tested sample lives on.
+FIRST_WORKER = "README.md"
+TUTORIAL = "docs/tutorial.md"
+RESULTS = "docs/howto/results-and-waiting.md"
+TESTING = "docs/howto/testing.md"
+TYPED_PAYLOADS = "docs/howto/typed-payloads.md"
+FASTAPI = "docs/howto/fastapi.md"
+DJANGO = "docs/howto/django.md"
+CRON_AND_LOCKS = "docs/howto/cron-and-locks.md"
+OPENTELEMETRY = "docs/howto/opentelemetry.md"
+FLOW_CONTROL = "docs/howto/flow-control.md"
+TOOLS = "docs/development.md"
+
+
+def pages() -> list[str]:
+    """The README, the changelog and every page of the manual, as paths from the root."""
+    docs = (str(p.relative_to(ROOT)) for p in ROOT.glob("docs/**/*.md"))
+    found = ["README.md", "CHANGELOG.md", *docs]
+    return sorted(p for p in found if (ROOT / p).is_file())
+
+
+def read(page: str) -> str:
+    return (ROOT / page).read_text()
+
+
+def samples(page: str) -> dict[str, str]:
+    return dict(_SAMPLE.findall(read(page)))
 
 
 def test_the_marked_samples_are_found() -> None:
-    assert set(samples()) == {
-        "tasks.py",
-        "thumbnails.py",
-        "jobs.py",
-        "shop.py",
-        "test_shop.py",
-        "billing.py",
-        "produce_bills.py",
-        "app.py",
-        "site_settings.py",
-        "orders.py",
-        "traced.py",
-        "api_limits.py",
+    found = {page: set(samples(page)) for page in pages() if samples(page)}
+    assert found == {
+        FIRST_WORKER: {"tasks.py"},
+        TUTORIAL: {"tasks.py", "signup.py"},
+        RESULTS: {"thumbnails.py"},
+        TESTING: {"shop.py", "test_shop.py"},
+        TYPED_PAYLOADS: {"billing.py", "produce_bills.py"},
+        FASTAPI: {"app.py"},
+        DJANGO: {"site_settings.py", "orders.py"},
+        CRON_AND_LOCKS: {"jobs.py", "schedules.py", "crm_sync.py", "books.py"},
+        OPENTELEMETRY: {"traced.py"},
+        FLOW_CONTROL: {"api_limits.py"},
     }
+
+
+def test_a_page_names_each_sample_once() -> None:
+    for page in pages():
+        names = [name for name, _ in _SAMPLE.findall(read(page))]
+        assert len(names) == len(set(names)), page
 
 
 def test_every_python_block_is_run() -> None:
     """A ```python block without a sample marker would be a promise nothing checks."""
-    text = (ROOT / "README.md").read_text()
     unmarked = []
-    for match in re.finditer(r"^```python\n", text, re.M):
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        section = text[: match.start()].rsplit("\n## ", 1)[-1].split("\n", 1)[0]
-        if not before.startswith("<!-- sample: ") and f"## {section}" not in _NOT_SAMPLES:
-            unmarked.append(f"{section}: {text[match.end() : match.end() + 60]!r}")
-    assert unmarked == []
+    for page in pages():
+        text = read(page)
+        for match in re.finditer(r"^```python\n", text, re.M):
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            if before.startswith("<!-- sample: "):
+                continue
+            if before == _LISTING and page.startswith("docs/reference/"):
+                continue
+            unmarked.append(f"{page}: {text[match.end() : match.end() + 60]!r}")
+    assert not unmarked, "\n".join(unmarked)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"[`*]|<[^>]+>", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    return {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_every_relative_link_resolves() -> None:
+    """Links between the pages (and into the repository: deploy/, tests/) lead somewhere: to a
+    file or folder that exists and, for `page.md#part`, to a heading of that page."""
+    broken = []
+    for page in pages():
+        text = re.sub(r"^```.*?^```", "", read(page), flags=re.M | re.S)  # not inside code
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            where = (ROOT / page).parent / path if path else ROOT / page
+            if not where.exists():
+                if where.resolve() not in {ROOT / name for name in _PENDING}:
+                    broken.append(f"{page}: {target}")
+            elif anchor and where.suffix == ".md" and anchor not in anchors(where):
+                broken.append(f"{page}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
 
 
 @pytest.fixture
@@ -84,11 +155,16 @@ def database(pg_dsn: str) -> Iterator[str]:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def run(
-    folder: Path, dsn: str, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    for name, code in samples().items():
+def write_samples(folder: Path, page: str) -> None:
+    for name, code in samples(page).items():
         (folder / name).write_text(code)
+
+
+def run(
+    folder: Path, page: str, dsn: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``folder``, which holds the samples of ``page``."""
+    write_samples(folder, page)
     env = {**os.environ, "DATABASE_URL": dsn, "PYTHONPATH": str(folder), **(env or {})}
     return subprocess.run(
         [sys.executable, *args], cwd=folder, env=env, capture_output=True, text=True, timeout=120
@@ -96,7 +172,9 @@ def run(
 
 
 def test_the_testing_sample_passes(tmp_path: Path, database: str) -> None:
-    out = run(tmp_path, database, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_shop.py")
+    out = run(
+        tmp_path, TESTING, database, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_shop.py"
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 passed" in out.stdout
     # Its fixture rolled everything back.
@@ -105,7 +183,7 @@ def test_the_testing_sample_passes(tmp_path: Path, database: str) -> None:
 
 
 def test_the_typed_payload_sample(tmp_path: Path, database: str) -> None:
-    out = run(tmp_path, database, "produce_bills.py")
+    out = run(tmp_path, TYPED_PAYLOADS, database, "produce_bills.py")
     assert out.returncode == 0, out.stderr
     assert out.stdout == (
         "task 'bill': payload does not fit Invoice: field 'number': expected int, got str\n"
@@ -118,14 +196,16 @@ def test_the_typed_payload_sample(tmp_path: Path, database: str) -> None:
             testing.run_due(conn).check()
         """
     )
-    out = run(tmp_path, database, "-c", drain)
+    out = run(tmp_path, TYPED_PAYLOADS, database, "-c", drain)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "billing #42 to ada@example.com\nbilling #43 to bob@example.com\n"
 
 
 def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
     """A commit enqueues and the embedded worker runs the task; a rollback enqueues nothing; the
-    lifespan's end stops the worker cleanly (it unregistered)."""
+    lifespan's end stops the worker cleanly (it unregistered). The page's set-up step made the
+    schema."""
+    set_up(tmp_path, FASTAPI, database)
     drive = textwrap.dedent(
         """
         import os, time, psycopg
@@ -152,7 +232,7 @@ def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
             print(conn.execute(sql).fetchone()[0])
         """
     )
-    out = run(tmp_path, database, "-c", drive)
+    out = run(tmp_path, FASTAPI, database, "-c", drive)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert "welcome ada@example.com" in lines
@@ -163,7 +243,8 @@ def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
 def test_the_django_sample(tmp_path: Path, database: str) -> None:
     """An order placed commits its task, a blocked one rolls it back; `manage.py worker_run`
     (here `python -m django worker_run`, the same command without a manage.py) runs it, and
-    get_result() reads its return value."""
+    get_result() reads its return value. The page's set-up step made the schema."""
+    set_up(tmp_path, DJANGO, database)
     env = {"DJANGO_SETTINGS_MODULE": "site_settings"}
     place = textwrap.dedent(
         """
@@ -177,17 +258,17 @@ def test_the_django_sample(tmp_path: Path, database: str) -> None:
             print("refused:", exc)
         """
     )
-    out = run(tmp_path, database, "-c", place, env=env)
+    out = run(tmp_path, DJANGO, database, "-c", place, env=env)
     assert out.returncode == 0, out.stderr
     first, refused = out.stdout.splitlines()
     assert refused == "refused: blocked"
-    out = run(tmp_path, database, "-m", "django", "worker_run", "--burst", env=env)
+    out = run(tmp_path, DJANGO, database, "-m", "django", "worker_run", "--burst", env=env)
     assert out.returncode == 0, out.stderr
     assert "receipt for order 7 to ada@example.com" in out.stdout
     read = "import django; django.setup(); import orders\n" + (
         f"r = orders.send_receipt.get_result({first!r}); print(r.status, r.return_value)"
     )
-    out = run(tmp_path, database, "-c", read, env=env)
+    out = run(tmp_path, DJANGO, database, "-c", read, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "SUCCESSFUL {'sent_to': 'ada@example.com'}\n"
     with psycopg.connect(database) as conn:
@@ -195,25 +276,59 @@ def test_the_django_sample(tmp_path: Path, database: str) -> None:
     assert rows == [("orders.send_receipt", {"args": [7, "ada@example.com"], "kwargs": {}})]
 
 
-def commands(name: str) -> str:
-    return dict(_COMMANDS.findall((ROOT / "README.md").read_text()))[name]
+def commands(page: str, name: str) -> str:
+    """The blocks of commands called ``name`` on ``page``, in their order, as one script."""
+    blocks = [code for found, code in _COMMANDS.findall(read(page)) if found == name]
+    assert blocks, f"{page} has no commands called {name!r}"
+    return "".join(blocks)
 
 
 def fake_venv(folder: Path) -> None:
-    """``.venv/bin/worker`` in the reader's folder: this interpreter's `worker`, as the README's
-    `pip install -e .` would have made it."""
-    script = folder / ".venv" / "bin" / "worker"
-    script.parent.mkdir(parents=True)
-    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m worker "$@"\n')
-    script.chmod(0o755)
+    """``.venv/bin/worker`` and ``.venv/bin/python`` in the reader's folder: this interpreter and
+    its `worker`, as the README's `pip install` into a venv would have made them."""
+    bin_dir = folder / ".venv" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    python = shlex.quote(sys.executable)
+    for name, command in (("worker", f"{python} -m worker"), ("python", python)):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+
+
+def reader_env(folder: Path, dsn: str) -> dict[str, str]:
+    """A reader's shell after `source .venv/bin/activate`, with their database in DATABASE_URL
+    (and none of this suite's variables)."""
+    fake_venv(folder)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORKER_DSN", "WORKER_SCHEMA", "PYTHONPATH")
+    }
+    path = f"{folder / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, "DATABASE_URL": dsn, "PATH": path}
+
+
+def set_up(folder: Path, page: str, dsn: str) -> None:
+    """The set-up step an integration page starts with, run as written on a database that has
+    no queue schema yet."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA worker CASCADE")
+    out = subprocess.run(
+        ["bash", "-e", "-c", commands(page, "setup")],
+        cwd=folder,
+        env=reader_env(folder, dsn),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "migration(s) to schema worker" in out.stdout
 
 
 def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str) -> None:
     """tasks.py and the shell block after it, in a fresh bash: the schema is there, the worker
     started in the background runs the task (its handler calls the sample's smtp_send), and
     `kill %1`'s signal stops it cleanly."""
-    for name, code in samples().items():
-        (tmp_path / name).write_text(code)
+    write_samples(tmp_path, FIRST_WORKER)
     fake_venv(tmp_path)
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DROP SCHEMA worker CASCADE")  # a reader's database has none yet
@@ -225,7 +340,7 @@ def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str)
     }
     with log.open("w") as out:
         shell = subprocess.Popen(
-            ["bash", "-e", "-c", commands("first worker")],
+            ["bash", "-e", "-c", commands(FIRST_WORKER, "first worker")],
             cwd=tmp_path,
             env={**env, "DATABASE_URL": database},
             stdout=out,
@@ -258,6 +373,46 @@ def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str)
     assert "Traceback" not in text
 
 
+def test_the_tutorial_runs_as_written(tmp_path: Path, database: str) -> None:
+    """The tutorial's samples and its commands, one script in a fresh bash with the venv
+    activated: migrate, a worker in the background, enqueues from the shell and from Python,
+    status, a retry, a failure for good, a result, and `kill %1`'s graceful stop."""
+    write_samples(tmp_path, TUTORIAL)
+    env = reader_env(tmp_path, database)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA worker CASCADE")  # a reader's database has none yet
+    log = tmp_path / "shell.log"
+    with log.open("w") as out:
+        shell = subprocess.Popen(
+            ["bash", "-e", "-c", commands(TUTORIAL, "tutorial")],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its background worker is in this process group
+        )
+    try:
+        assert shell.wait(timeout=180) == 0, log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)  # only if the script failed half-way
+    text = log.read_text()
+    assert "applied" in text and "migration(s) to schema worker" in text
+    for to in ("ada", "bob", "eve"):
+        assert f"mail to {to}@example.com: Welcome!" in text, text
+    assert re.search(r"^enqueued task \d+$", text, re.M)
+    assert re.search(r"^queue\s+scheduled\s+queued", text, re.M)  # `worker status`
+    assert "ConnectionError: mail server busy" in text  # the retried attempt's error
+    assert "worker wait exited with 1" in text
+    assert '{"words": 6}' in text.splitlines()
+    assert "Traceback" not in text
+    with psycopg.connect(database) as conn:
+        sql = "SELECT count(*) FROM worker.workers WHERE stopped_at IS NULL"
+        assert conn.execute(sql).fetchone() == (0,)  # `kill %1` and `wait` stopped it cleanly
+        sql = "SELECT state::text, count(*) FROM worker.tasks GROUP BY 1 ORDER BY 1"
+        assert conn.execute(sql).fetchall() == [("done", 4), ("failed", 1)]
+
+
 def spawn_worker(folder: Path, dsn: str, module: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "worker", "run", module, "--processes", "1"],
@@ -272,10 +427,10 @@ def spawn_worker(folder: Path, dsn: str, module: str) -> subprocess.Popen[str]:
 def test_the_results_sample(tmp_path: Path, database: str) -> None:
     """`worker run thumbnails`, then `python thumbnails.py`: wait and the Waiter get the
     handlers' return values."""
-    run(tmp_path, database, "-c", "pass")  # writes the samples
+    run(tmp_path, RESULTS, database, "-c", "pass")  # writes the samples
     pool = spawn_worker(tmp_path, database, "thumbnails")
     try:
-        out = run(tmp_path, database, "thumbnails.py")
+        out = run(tmp_path, RESULTS, database, "thumbnails.py")
     finally:
         pool.send_signal(signal.SIGTERM)
         pool.communicate(timeout=30)
@@ -287,20 +442,59 @@ def test_the_results_sample(tmp_path: Path, database: str) -> None:
 
 
 def test_the_cron_and_locks_sample(tmp_path: Path, database: str) -> None:
-    out = run(tmp_path, database, "jobs.py")
+    out = run(tmp_path, CRON_AND_LOCKS, database, "jobs.py")
     assert out.returncode == 0, out.stderr
     assert out.stdout == "synced users\nsynced orders\n"
     # The schedule is declared: `worker cron jobs` lists it with its next run.
-    out = run(tmp_path, database, "-m", "worker", "cron", "jobs")
+    out = run(tmp_path, CRON_AND_LOCKS, database, "-m", "worker", "cron", "jobs")
     assert out.returncode == 0, out.stderr
     assert re.search(r"^cleanup\s+\*/5 \* \* \* \*\s+UTC\s+cleanup\s+maintenance", out.stdout, re.M)
+
+
+def test_the_schedules_sample(tmp_path: Path, database: str) -> None:
+    """`worker cron schedules` lists the three ways of declaring a schedule."""
+    out = run(tmp_path, CRON_AND_LOCKS, database, "-m", "worker", "cron", "schedules")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:]}
+    assert rows["cleanup"][:6] == ["*/5", "*", "*", "*", "*", "UTC"], out.stdout
+    assert rows["nightly_report"][5:7] == ["Europe/Paris", "reports.nightly"], out.stdout
+    assert rows["digest"][5:9] == ["UTC", "email.digest", "default", "skip"], out.stdout
+
+
+def test_the_exclusive_jobs_sample(tmp_path: Path, database: str) -> None:
+    """Each job wins its lock once; a second holder of the first lock, before it expired, skips."""
+    out = run(tmp_path, CRON_AND_LOCKS, database, "crm_sync.py")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "crm: synced ada, bob",
+        "crm: synced eve",
+        "erp: synced ada, bob",
+        "erp: synced eve",
+        "sync-crm runs elsewhere",
+    ]
+
+
+def test_the_advisory_lock_and_transactional_sample(tmp_path: Path, database: str) -> None:
+    """The advisory lock's writes commit with its release; the transactional handler's insert
+    commits with its task's completion."""
+    out = run(tmp_path, CRON_AND_LOCKS, database, "books.py")
+    assert out.returncode == 0, out.stderr
+    args = ("-m", "worker", "run", "books", "--burst", "--processes", "1")
+    out = run(tmp_path, CRON_AND_LOCKS, database, *args)
+    assert out.returncode == 0, out.stderr
+    with psycopg.connect(database) as conn:
+        assert conn.execute("SELECT closed FROM ledger").fetchall() == [(True,)]
+        assert conn.execute("SELECT event FROM outbox").fetchall() == [("books.closed",)]
+        assert conn.execute("SELECT number FROM invoices").fetchall() == [(42,)]
+        sql = "SELECT state::text FROM worker.tasks WHERE task = 'post_invoice'"
+        assert conn.execute(sql).fetchall() == [("done",)]
 
 
 def test_the_optional_tools_table_names_every_tool_the_tests_look_for() -> None:
     """The README's table of tools (chromium, promtool, pgbouncer, ...) and the tests' skips
     agree: each file a row names looks for that tool, and each tool a test looks for on the
     PATH has a row naming that file."""
-    text = (ROOT / "README.md").read_text()
+    text = read(TOOLS)
     rows = re.findall(r"^\| (\w[\w-]*) \| `apt-get install -y [\w-]+` \| (.*) \|$", text, re.M)
     table = {tool: set(re.findall(r"`(tests/test_\w+\.py)`", where)) for tool, where in rows}
     assert {"chromium", "promtool", "pgbouncer"} <= set(table)
@@ -336,14 +530,24 @@ def printed_spans(stdout: str) -> dict[str, dict]:
 def test_the_opentelemetry_sample(tmp_path: Path, database: str) -> None:
     """The request's span parents the send span; the worker's process span (another process)
     links to it, and the handler's span is a child of the process span."""
-    out = run(tmp_path, database, "traced.py")
+    out = run(tmp_path, OPENTELEMETRY, database, "traced.py")
     assert out.returncode == 0, out.stderr
     produced = printed_spans(out.stdout)
     send, checkout = produced["send default"], produced["checkout"]
     assert send["kind"] == "SpanKind.PRODUCER"
     assert send["parent_id"] == checkout["context"]["span_id"]
     out = run(
-        tmp_path, database, "-m", "worker", "run", "traced", "--otel", "--burst", "--processes", "1"
+        tmp_path,
+        OPENTELEMETRY,
+        database,
+        "-m",
+        "worker",
+        "run",
+        "traced",
+        "--otel",
+        "--burst",
+        "--processes",
+        "1",
     )
     assert out.returncode == 0, out.stderr
     assert "shipping order 42" in out.stdout.splitlines()
@@ -359,10 +563,10 @@ def test_the_opentelemetry_sample(tmp_path: Path, database: str) -> None:
 def test_the_limits_sample(tmp_path: Path, database: str) -> None:
     """The flow-control sample: its producer writes each task's key, and its worker records the
     limits the code declares and runs both tasks."""
-    out = run(tmp_path, database, "api_limits.py")
+    out = run(tmp_path, FLOW_CONTROL, database, "api_limits.py")
     assert out.returncode == 0, out.stderr
     args = ("-m", "worker", "run", "api_limits", "--burst", "--processes", "1")
-    out = run(tmp_path, database, *args, env={"PYTHONUNBUFFERED": "1"})
+    out = run(tmp_path, FLOW_CONTROL, database, *args, env={"PYTHONUNBUFFERED": "1"})
     assert out.returncode == 0, out.stderr
     assert sorted(out.stdout.splitlines()) == ["called for acme", "synced globex"], out
     with psycopg.connect(database) as conn:
