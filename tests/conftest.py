@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from worker.db.migrate import migrate
+from worker.db.sql import statements
 from worker.dev.embedded import EmbeddedPostgres
 from worker.engine.loop import Worker, WorkerConfig
 from worker.tasks.registry import Registry
@@ -178,3 +179,10 @@ def dashboard_exprs() -> list[str]:
     for path in sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json")):
         walk(json.loads(path.read_text()))
     return out
+
+
+def every_statement(schema: str) -> Any:
+    """Every named statement of the package (the core's, the store's, the monitor's, the
+    developer tools'), for tests that run one directly."""
+    folders = sorted({p.parent for p in (ROOT / "worker").rglob("*.sql")})
+    return statements(schema, *folders)

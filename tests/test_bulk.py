@@ -2,7 +2,7 @@
 
 A dry run changes nothing; an action works in batches of bounded size, walks every row it should
 exactly once, skips (and reports) what it must not touch, and is recorded with who ran it. The
---error filter is an ILIKE pattern over the whole error (see worker/_bulk.py): %, _ and \\ are
+--error filter is an ILIKE pattern over the whole error (see worker/ops/bulk.py): %, _ and \\ are
 what the user typed them as, and quotes or semicolons are data.
 """
 
@@ -15,13 +15,13 @@ import subprocess
 
 import psycopg
 import pytest
-from conftest import run_cli, spawn_cli, states, wait_until
+from conftest import every_statement, run_cli, spawn_cli, states, wait_until
 
 import worker
-from worker.db.sql import queries
+from worker import store as tr
+from worker.ops import audit as _audit
 from worker.ops import bulk as _bulk
 from worker.ops.bulk import Filter, like_escape
-from worker.store import transitions as tr
 
 
 def _common(pg_dsn: str, schema: str) -> list[str]:
@@ -81,7 +81,7 @@ def _mixed(conn: psycopg.Connection, schema: str) -> None:
 def test_python_and_the_schema_agree_on_the_states_of_each_action(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    q = queries(schema)
+    q = every_statement(schema)
     for action, (allowed, default) in _bulk.ACTIONS.items():
         got = conn.execute(q["bulk_states"], {"action": action, "states": None}).fetchone()
         assert got == (list(default),)
@@ -214,10 +214,9 @@ def test_a_task_retried_by_the_action_that_fails_again_is_not_retried_twice(
     conn: psycopg.Connection, schema: str
 ) -> None:
     _failed(conn, schema, 10)
-    q = queries(schema)
     flt = {"queue": "mail"}
-    first = tr.bulk_step(conn, q, action="retry", states=["failed"], filter=flt, cursor=None,
-                         batch=4, dry_run=False)  # fmt: skip
+    first = tr.bulk_step(conn, schema, action="retry", states=["failed"], filter=flt,
+                         cursor=None, batch=4, dry_run=False)  # fmt: skip
     assert first.changed == 4 and first.cursor is not None
     # One of them runs and fails again at once, after the action started.
     conn.execute(
@@ -226,8 +225,8 @@ def test_a_task_retried_by_the_action_that_fails_again_is_not_retried_twice(
     )
     cursor, changed = first.cursor, first.changed
     while cursor is not None:
-        step = tr.bulk_step(conn, q, action="retry", states=["failed"], filter=flt, cursor=cursor,
-                            batch=4, dry_run=False)  # fmt: skip
+        step = tr.bulk_step(conn, schema, action="retry", states=["failed"], filter=flt,
+                            cursor=cursor, batch=4, dry_run=False)  # fmt: skip
         cursor, changed = step.cursor, changed + step.changed
     assert changed == 10
     assert states(conn, schema) == {"queued": 9, "failed": 1}
@@ -504,15 +503,15 @@ def test_each_action_is_recorded_with_who_what_and_how_many_and_no_secret(
 def test_the_python_api_records_an_action_for_the_console(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    first = _bulk.record_action(
+    first = _audit.record_action(
         conn, schema, actor="ana", action="pause", filter={"queue": "mail"},
         counts={"changed": 1}, source="console 10.0.0.7",
     )  # fmt: skip
-    second = _bulk.record_action(
+    second = _audit.record_action(
         conn, schema, actor="x" * 500, action="retry", filter={"ids": [42]},
         counts={"changed": 1}, source="console 10.0.0.7",
     )  # fmt: skip
-    recent = _bulk.recent_actions(conn, schema, limit=10)
+    recent = _audit.recent_actions(conn, schema, limit=10)
     assert [a["id"] for a in recent] == [second, first]
     assert recent[0]["actor"] == "x" * 200 and recent[1]["filter"] == {"queue": "mail"}
     assert recent[1]["finished_at"] is not None

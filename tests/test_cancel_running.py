@@ -20,16 +20,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import run_cli, spawn_cli, wait_until
+from conftest import every_statement, run_cli, spawn_cli, wait_until
 from test_console_http import armed, request, signed_in  # noqa: F401 - armed: a fixture
 from test_pgbouncer import PGBOUNCER, bouncer_dsn  # noqa: F401 - a fixture, used by name
 
 import worker
+from worker import store as tr
 from worker.coord import cancel as _cancel
-from worker.db.sql import queries
 from worker.monitor.server import MetricsServer
 from worker.ops.actions import cancel as console_cancel
-from worker.store import transitions as tr
 
 # A cancel lands within this many seconds of the request, by the database's clock: from the
 # request's commit (cancel_requested_at) to the acknowledgement that ends the row (finished_at).
@@ -156,8 +155,8 @@ def test_an_async_handler_is_cancelled_within_a_second_of_worker_cancel(
 def test_a_cancel_lands_while_every_slot_is_taken(
     pg_dsn: str, conn: psycopg.Connection, tables: str
 ) -> None:
-    """All four slots run minute-long tasks, so the worker cannot claim and its loop waits on
-    the runners only (see _inbox's busy wait). A cancel request still lands within the promise:
+    """All four slots run minute-long tasks, so the worker cannot claim and its loop waits on the
+    runners only (see engine.inbox's busy wait). A cancel request still lands within the promise:
     the loop reads its socket when nothing else comes, though no heartbeat is due for 10 s."""
     schema = tables
     ids = [enqueue(conn, schema, "cx.async_sleep", s=60) for _ in range(4)]
@@ -226,7 +225,7 @@ def test_transactional_handlers_roll_back_whether_they_check_or_not(
     with running_worker(pg_dsn, schema):
         started(conn, schema, checks)
         started(conn, schema, ignores)
-        outcomes = _cancel.cancel_tasks(conn, queries(schema), ids=[checks, ignores], by="carol")
+        outcomes = _cancel.cancel_many(conn, schema, [checks, ignores], by="carol")
         assert [c.outcome for c in outcomes] == ["requested", "requested"]
         stopped = ended_cancelled(conn, schema, checks)
         assert latency(stopped) < PROMISE, latency(stopped)
@@ -340,10 +339,10 @@ def test_a_cancel_requested_after_its_worker_was_killed_is_not_rescued_back_into
 
 def _done_task(conn: psycopg.Connection, schema: str) -> int:
     task_id = enqueue(conn, schema, "cx.quick")
-    q = queries(schema)
+    q = every_statement(schema)
     me = str(uuid.uuid4())
-    [c] = tr.claim(conn, q, queues=["default"], limit=1, worker_id=me, lease_seconds=30)
-    assert tr.complete(conn, q, worker_id=me, done=[(c.id, c.attempt)]) == {task_id: "done"}
+    [c] = tr.claim(conn, q.schema, queues=["default"], limit=1, worker_id=me, lease_seconds=30)
+    assert tr.complete(conn, q.schema, worker_id=me, done=[(c.id, c.attempt)]) == {task_id: "done"}
     return task_id
 
 
@@ -380,28 +379,28 @@ def test_cancelling_a_finished_or_missing_task_changes_nothing_and_says_so(
 def _claimed(conn: psycopg.Connection, schema: str, *, lease: float = 30) -> tuple[Any, str]:
     enqueue(conn, schema, "cx.quick")
     me = str(uuid.uuid4())
-    q = queries(schema)
-    [c] = tr.claim(conn, q, queues=["default"], limit=1, worker_id=me, lease_seconds=lease)
+    q = every_statement(schema)
+    [c] = tr.claim(conn, q.schema, queues=["default"], limit=1, worker_id=me, lease_seconds=lease)
     return c, me
 
 
 EXITS = {
-    "complete": lambda conn, q, c, me: tr.complete(conn, q, worker_id=me, done=[(c.id, 1)]),
+    "complete": lambda conn, q, c, me: tr.complete(conn, q.schema, worker_id=me, done=[(c.id, 1)]),
     "complete_delete": lambda conn, q, c, me: tr.complete(
-        conn, q, worker_id=me, done=[(c.id, 1)], delete=True
+        conn, q.schema, worker_id=me, done=[(c.id, 1)], delete=True
     ),
     "retry": lambda conn, q, c, me: tr.fail(
-        conn, q, worker_id=me, failures=[tr.Failure(c.id, 1, 0.0, "ValueError: x", False)]
+        conn, q.schema, worker_id=me, failures=[tr.Failure(c.id, 1, 0.0, "ValueError: x", False)]
     ),
     "retry_later": lambda conn, q, c, me: tr.fail(
-        conn, q, worker_id=me, failures=[tr.Failure(c.id, 1, 60.0, "ValueError: x", False)]
+        conn, q.schema, worker_id=me, failures=[tr.Failure(c.id, 1, 60.0, "ValueError: x", False)]
     ),
-    "release": lambda conn, q, c, me: tr.release(conn, q, worker_id=me, tasks=[(c.id, 1)]),
+    "release": lambda conn, q, c, me: tr.release(conn, q.schema, worker_id=me, tasks=[(c.id, 1)]),
     "hand_back": lambda conn, q, c, me: tr.hand_back(
-        conn, q, worker_id=me, rows=[(c.id, 1, "UnknownTask: none")]
+        conn, q.schema, worker_id=me, rows=[(c.id, 1, "UnknownTask: none")]
     ),
     "worker_died": lambda conn, q, c, me: tr.worker_died(
-        conn, q, worker_id=me, error="WorkerDied: killed"
+        conn, q.schema, worker_id=me, error="WorkerDied: killed"
     ),
 }
 
@@ -411,7 +410,7 @@ def test_every_way_out_of_in_progress_ends_a_marked_row_cancelled(
     conn: psycopg.Connection, schema: str, way: str
 ) -> None:
     c, me = _claimed(conn, schema)
-    q = queries(schema)
+    q = every_statement(schema)
     assert worker.cancel(conn, c.id, by="frank", schema=schema).outcome == "requested"
     EXITS[way](conn, q, c, me)
     r = row(conn, schema, c.id)
@@ -419,16 +418,20 @@ def test_every_way_out_of_in_progress_ends_a_marked_row_cancelled(
     assert r["finished_at"] is not None and r["lease_expires_at"] is None
     assert r["cancelled_by"] == "frank"
     # Nothing to claim: it did not go back to the queue.
-    assert tr.claim(conn, q, queues=["default"], limit=10, worker_id=me, lease_seconds=30) == []
+    assert (
+        tr.claim(conn, q.schema, queues=["default"], limit=10, worker_id=me, lease_seconds=30) == []
+    )
 
 
 def test_rescue_ends_a_marked_row_cancelled(conn: psycopg.Connection, schema: str) -> None:
     c, me = _claimed(conn, schema, lease=0.2)
-    q = queries(schema)
+    q = every_statement(schema)
     worker.cancel(conn, c.id, schema=schema)
     time.sleep(0.4)
-    assert [(r[0], r[3]) for r in tr.rescue(conn, q)] == [(c.id, "cancelled")]
-    assert tr.claim(conn, q, queues=["default"], limit=10, worker_id=me, lease_seconds=30) == []
+    assert [(r[0], r[3]) for r in tr.rescue(conn, q.schema)] == [(c.id, "cancelled")]
+    assert (
+        tr.claim(conn, q.schema, queues=["default"], limit=10, worker_id=me, lease_seconds=30) == []
+    )
 
 
 @pytest.mark.parametrize("way", ["complete", "retry"])
@@ -437,7 +440,7 @@ def test_unmarked_rows_are_not_touched_by_the_cancel_branches(
 ) -> None:
     """The other side of the CASE: without a request, done is done and a retry is queued."""
     c, me = _claimed(conn, schema)
-    EXITS[way](conn, queries(schema), c, me)
+    EXITS[way](conn, every_statement(schema), c, me)
     assert row(conn, schema, c.id)["state"] == {"complete": "done", "retry": "queued"}[way]
 
 
@@ -447,10 +450,10 @@ def test_a_cancel_racing_an_acknowledgement_never_ends_done_after_it_was_granted
     """Both orders, with the first transaction held open while the second one runs: the ack
     first, so the cancel waits and then reports the task finished (done); the cancel first, so the
     ack waits and then ends the row cancelled."""
-    q = queries(schema)
+    q = every_statement(schema)
     with psycopg.connect(pg_dsn) as ack:  # not autocommit: hold the transaction
         c, me = _claimed(conn, schema)
-        assert tr.complete(ack, q, worker_id=me, done=[(c.id, 1)]) == {c.id: "done"}
+        assert tr.complete(ack, q.schema, worker_id=me, done=[(c.id, 1)]) == {c.id: "done"}
         result: list[Any] = []
 
         def request() -> None:
@@ -472,7 +475,7 @@ def test_a_cancel_racing_an_acknowledgement_never_ends_done_after_it_was_granted
 
         def acknowledge() -> None:
             with psycopg.connect(pg_dsn, autocommit=True) as other:
-                acked.append(tr.complete(other, q, worker_id=me, done=[(c.id, 1)]))
+                acked.append(tr.complete(other, q.schema, worker_id=me, done=[(c.id, 1)]))
 
         t = threading.Thread(target=acknowledge)
         t.start()
@@ -489,12 +492,12 @@ def test_the_heartbeat_and_the_poll_report_requests_for_the_owners_rows_only(
 ) -> None:
     c, me = _claimed(conn, schema)
     other, them = _claimed(conn, schema)
-    q = queries(schema)
-    beat = tr.heartbeat(conn, q, worker_id=me, tasks=[(c.id, 1)], lease_seconds=30)
+    q = every_statement(schema)
+    beat = tr.heartbeat(conn, q.schema, worker_id=me, tasks=[(c.id, 1)], lease_seconds=30)
     assert (beat.lost, beat.cancel) == (set(), set())
     assert _cancel.requests(conn, q, worker_id=me, ids=[c.id]) == set()
     worker.cancel(conn, c.id, schema=schema)
-    beat = tr.heartbeat(conn, q, worker_id=me, tasks=[(c.id, 1)], lease_seconds=30)
+    beat = tr.heartbeat(conn, q.schema, worker_id=me, tasks=[(c.id, 1)], lease_seconds=30)
     assert (beat.lost, beat.cancel) == (set(), {c.id})
     assert _cancel.requests(conn, q, worker_id=me, ids=[c.id, other.id]) == {c.id}
     assert _cancel.requests(conn, q, worker_id=them, ids=[c.id, other.id]) == set()
@@ -508,14 +511,16 @@ def test_retrying_a_cancelled_task_clears_the_request(
     """A task cancelled while it ran, then retried by an operator, runs to done: the old request
     does not cancel the new run."""
     c, me = _claimed(conn, schema)
-    q = queries(schema)
+    q = every_statement(schema)
     worker.cancel(conn, c.id, schema=schema)
-    assert tr.complete(conn, q, worker_id=me, done=[(c.id, 1)]) == {c.id: "cancelled"}
-    assert tr.retry_task(conn, q, task_id=c.id, channel=f"{schema}.tasks")
+    assert tr.complete(conn, q.schema, worker_id=me, done=[(c.id, 1)]) == {c.id: "cancelled"}
+    assert tr.requeue(conn, schema, [c.id]).requeued == [c.id]
     r = row(conn, schema, c.id)
     assert r["cancel_requested_at"] is None and r["cancelled_by"] is None
-    [again] = tr.claim(conn, q, queues=["default"], limit=1, worker_id=me, lease_seconds=30)
-    assert tr.complete(conn, q, worker_id=me, done=[(again.id, again.attempt)]) == {c.id: "done"}
+    [again] = tr.claim(conn, q.schema, queues=["default"], limit=1, worker_id=me, lease_seconds=30)
+    assert tr.complete(conn, q.schema, worker_id=me, done=[(again.id, again.attempt)]) == {
+        c.id: "done"
+    }
 
 
 def test_the_console_cancels_queued_and_asks_running_tasks_to_stop(
@@ -571,8 +576,10 @@ def test_the_console_page_of_a_running_task_cancels_it(
     assert "requested by bob at" in page
     r = row(conn, schema, c.id)
     assert (r["state"], r["cancelled_by"]) == ("in_progress", "bob")
-    audit = conn.execute(f"SELECT actor, action, affected FROM {schema}.console_audit").fetchall()
-    assert audit == [("bob", "cancel", 1)]
+    audit = conn.execute(
+        f"SELECT actor, action, (counts->>'changed')::int, source FROM {schema}.actions"
+    ).fetchall()
+    assert audit == [("bob", "cancel", 1, "console")]
 
 
 def test_a_notification_without_ids_makes_the_worker_read_the_marks(

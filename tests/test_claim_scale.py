@@ -12,19 +12,19 @@ import time
 from typing import Any
 
 import psycopg
-from conftest import states, wait_until
+from conftest import every_statement, states, wait_until
 from psycopg import sql
 
 import worker
-from worker.db.sql import notify_channel, queries
+from worker import store as tr
+from worker.db.sql import notify_channel
 from worker.engine.batch import Batcher
 from worker.engine.maintenance import Maintenance, MaintenanceConfig
-from worker.store import transitions as tr
 
 
 def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of the worker's claim statement, rolled back."""
-    q = queries(schema)
+    q = every_statement(schema)
     values = {
         "queues": ["q"],
         "limit": 10,
@@ -147,7 +147,7 @@ def test_a_notification_claims_only_the_queues_it_names(
     every queue once per poll interval."""
     names = [f"q{i}" for i in range(200)]
     b = Batcher(
-        queries(schema),
+        every_statement(schema),
         "00000000-0000-0000-0000-000000000002",
         queues=names,
         batch_size=10,
@@ -203,7 +203,7 @@ def test_dead_entries_behind_the_cursor_are_not_walked(
     same claim from the start of the queue walks every dead entry. Short claims keep the
     cursor."""
     b = Batcher(
-        queries(schema),
+        every_statement(schema),
         "00000000-0000-0000-0000-000000000003",
         queues=["q"],
         batch_size=500,
@@ -261,7 +261,7 @@ def test_promotion_by_concurrent_workers_moves_each_row_once(pg_dsn: str, schema
             f"INSERT INTO {schema}.tasks (task, queue, run_at)"
             " VALUES ('t', 'q', now() + interval '100 seconds')"
         )
-    q = queries(schema)
+    q = every_statement(schema)
     results: list[tr.Promoted] = []
     lock = threading.Lock()
 
@@ -269,7 +269,7 @@ def test_promotion_by_concurrent_workers_moves_each_row_once(pg_dsn: str, schema
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             while True:
                 with c.transaction():
-                    p = tr.promote(c, q, limit=300, channel=notify_channel(schema))
+                    p = tr.promote(c, q.schema, limit=300, channel=notify_channel(schema))
                 with lock:
                     results.append(p)
                 if p.count == 0:
@@ -292,7 +292,7 @@ def test_json_payload_survives(conn: psycopg.Connection, schema: str) -> None:
     task_id = worker.enqueue(conn, "t", {"a": [1, 2]}, delay=0.001, schema=schema)
     time.sleep(0.01)
     with conn.transaction():
-        tr.promote(conn, queries(schema), limit=10, channel=notify_channel(schema))
+        tr.promote(conn, schema, limit=10, channel=notify_channel(schema))
     row = conn.execute(
         f"SELECT state::text, payload::text FROM {schema}.tasks WHERE id = %s", (task_id,)
     ).fetchone()
@@ -374,7 +374,7 @@ def test_the_cursor_probe_is_spaced_by_its_own_cost(pg_dsn: str, schema: str) ->
         calls.clear()
         maintenance = Maintenance(
             pg_dsn,
-            queries(schema),
+            every_statement(schema),
             MaintenanceConfig(
                 rescue_seconds=3600,
                 purge_seconds=3600,
@@ -436,13 +436,13 @@ def test_rescue_walks_only_leases_that_ran_out_since_its_last_pass(
     expired lease in the lease index. A rescue pass bounded by the previous pass's start reads
     a few buffers; an unbounded one walks every dead entry. Both rescue the one row whose lease
     just ran out."""
-    q = queries(schema)
+    q = every_statement(schema)
 
     def plan(since: object) -> tuple[int, int]:
         with conn.transaction(force_rollback=True):
             row = conn.execute(
                 sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + q["rescue"],
-                {"limit": 1000, "since": since, **tr._HISTORY},
+                {"limit": 1000, "since": since, **tr.HISTORY},
             ).fetchone()
         assert row is not None
         top = row[0][0]["Plan"]
@@ -505,7 +505,7 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
     made for a small table: one that reads the whole primary key and looks for the batch in
     it. With autovacuum off (or before it analyses), such a plan stayed cached, and each
     acknowledgement of one row read every row of the table."""
-    q = queries(schema)
+    q = every_statement(schema)
     conn.execute(f"ALTER TABLE {schema}.tasks SET (autovacuum_enabled = false)")
     conn.execute(f"VACUUM ANALYZE {schema}.tasks")  # empty, as after a TRUNCATE and a vacuum
     me = "00000000-0000-0000-0000-0000000000aa"
@@ -514,9 +514,11 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
 
         def one_round() -> int:
             conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'q')")
-            [c] = tr.claim(w, q, queues=["q"], limit=1, worker_id=me, lease_seconds=30)
+            [c] = tr.claim(w, q.schema, queues=["q"], limit=1, worker_id=me, lease_seconds=30)
             with w.transaction():
-                assert tr.complete(w, q, worker_id=me, done=[(c.id, c.attempt)]) == {c.id: "done"}
+                assert tr.complete(w, q.schema, worker_id=me, done=[(c.id, c.attempt)]) == {
+                    c.id: "done"
+                }
                 row = w.execute(
                     "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
                     " WHERE schemaname = %s AND relname = 'tasks'",

@@ -148,7 +148,7 @@ def snapshot(conn: psycopg.Connection, schema: str) -> tuple[Any, ...]:
     return (
         conn.execute(f"SELECT id, state::text FROM {schema}.tasks ORDER BY id").fetchall(),
         conn.execute(f"SELECT queue FROM {schema}.paused_queues ORDER BY 1").fetchall(),
-        conn.execute(f"SELECT count(*) FROM {schema}.console_audit").fetchall(),
+        conn.execute(f"SELECT count(*) FROM {schema}.actions").fetchall(),
     )
 
 
@@ -302,7 +302,8 @@ def test_each_action_changes_the_row_once_signed_in(
     assert counts == [("queued", 7)]
 
     audit = conn.execute(
-        f"SELECT actor, address, action, affected FROM {schema}.console_audit ORDER BY id"
+        f"SELECT actor, address, action, (counts->>'changed')::int FROM {schema}.actions"
+        " WHERE source = 'console' ORDER BY id"
     ).fetchall()
     assert audit == [
         ("alice", "127.0.0.1", "retry", 1),

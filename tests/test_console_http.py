@@ -116,7 +116,7 @@ def _state(conn: psycopg.Connection, schema: str) -> tuple[Any, ...]:
     return (
         conn.execute(f"SELECT id, state::text FROM {schema}.tasks ORDER BY id").fetchall(),
         conn.execute(f"SELECT queue FROM {schema}.paused_queues").fetchall(),
-        conn.execute(f"SELECT count(*) FROM {schema}.console_audit").fetchall(),
+        conn.execute(f"SELECT count(*) FROM {schema}.actions").fetchall(),
     )
 
 
@@ -209,7 +209,7 @@ def test_the_token_never_leaves_the_server(
     ):
         seen.append(request(armed, "GET", path, headers=session)[2])
     seen += [r.getMessage() for r in caplog.records]
-    seen += [str(r) for r in conn.execute(f"SELECT * FROM {schema}.console_audit").fetchall()]
+    seen += [str(r) for r in conn.execute(f"SELECT * FROM {schema}.actions").fetchall()]
     assert not [s for s in seen if TOKEN in s]
     assert any("failed sign-in from 127.0.0.1" in m for m in seen)
     assert any("bob from 127.0.0.1: pause" in m for m in seen)

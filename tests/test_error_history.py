@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from conftest import run_cli, wait_until
+from conftest import every_statement, run_cli, wait_until
 
 import worker
-from worker.db.sql import queries
+from worker import store as tr
+from worker.ops import actions as _actions
 from worker.ops import status as _admin
-from worker.store import transitions as tr
 
 LONG = 5000  # characters of the error each failing attempt raises
 
@@ -77,7 +77,7 @@ def test_fifteen_failing_attempts_keep_the_newest_ten_each_cut(
     assert missing.returncode == 1 and "does not exist" in missing.stderr
 
     # An operator's retry starts the attempts again; the history stays, and goes on.
-    assert _admin.retry(conn, schema, task_id)
+    assert _actions.retry(conn, schema, [task_id]).changed == 1
     assert _history(conn, schema, task_id) == errors
 
 
@@ -96,16 +96,16 @@ def _running(conn: psycopg.Connection, schema: str, worker_id: str, *, expired: 
 def test_rescue_worker_died_and_hand_back_append_to_the_history(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    q = queries(schema)
+    q = every_statement(schema)
     dead, gone, back = (str(uuid.uuid4()) for _ in range(3))
     rescued = _running(conn, schema, dead, expired=True)
     died = _running(conn, schema, gone, expired=False)
     handed = _running(conn, schema, back, expired=False)
 
-    assert [r[0] for r in tr.rescue(conn, q)] == [rescued]
-    tr.worker_died(conn, q, worker_id=gone, error="WorkerDied: process 42 died")
+    assert [r[0] for r in tr.rescue(conn, q.schema)] == [rescued]
+    tr.worker_died(conn, q.schema, worker_id=gone, error="WorkerDied: process 42 died")
     hostile = 'UnknownTask: no handler named "t" \\ %s \n 100% ☃'
-    assert tr.hand_back(conn, q, worker_id=back, rows=[(handed, 2, hostile)]) == {
+    assert tr.hand_back(conn, q.schema, worker_id=back, rows=[(handed, 2, hostile)]) == {
         handed: "scheduled"
     }
 
@@ -128,7 +128,7 @@ def test_claim_and_complete_leave_the_history_alone(
 ) -> None:
     """The history is written only when an attempt fails: the statements of the due path do not
     name the column, and a task that fails once then succeeds keeps its one error."""
-    text = {name: queries(schema)[name].as_string(conn) for name in ("claim", "complete")}
+    text = {name: every_statement(schema)[name].as_string(conn) for name in ("claim", "complete")}
     for name, statement in text.items():
         assert "errors" not in statement, name
     reg = worker.Registry()

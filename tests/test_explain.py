@@ -9,7 +9,7 @@ queues and five priorities; a queue that no worker serves, a task no worker has 
 failures whose dedupe key a queued task holds, cron rows, and rows past their retention for purge.
 
 Each statement runs under EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) in a transaction that is rolled
-back, with JIT off as the code runs it (queries/admin.sql, no_jit). TIMING OFF: per-node clock
+back, with JIT off as the code runs it (no_jit). TIMING OFF: per-node clock
 reads would add more than the counting itself to the statements that count index entries. The
 time asserted is the fastest of three runs: the machine is shared, and the first run also warms
 the cache.
@@ -22,7 +22,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from psycopg import sql
 
 from worker.cli.main import main
 from worker.db.migrate import migrate
-from worker.db.sql import notify_channel, parse_named, queries
+from worker.db.sql import notify_channel, parse_named, statements
 from worker.monitor.console.data import (
     DETAIL_CHARS,
     DETAIL_NAME_CHARS,
@@ -261,20 +261,6 @@ def _one_id(conn: psycopg.Connection, s: str, where: str) -> int:
     return int(row[0])
 
 
-def _retry_params(queue: str | None) -> Callable[[psycopg.Connection, str], dict[str, Any]]:
-    def params(conn: psycopg.Connection, s: str) -> dict[str, Any]:
-        return {
-            "queue": queue,
-            "before": datetime.now(UTC),
-            "after_at": datetime(1, 1, 1, tzinfo=UTC),
-            "after_id": 0,
-            "after_undated_id": 0,
-            "limit": _admin.RETRY_BATCH,
-        }
-
-    return params
-
-
 def _no_params(conn: psycopg.Connection, s: str) -> dict[str, Any]:
     return {}
 
@@ -305,11 +291,12 @@ def _minutes(conn: psycopg.Connection, s: str) -> dict[str, Any]:
     return {"minutes": [now - i * timedelta(minutes=1) for i in range(3)], "cap": MINUTE_CAP}
 
 
-# Every statement of queries/admin.sql, metrics.sql, browse.sql, console.sql, pause.sql and
-# cancel.sql, and purge, with the parameters the code gives it. A statement added to those files
-# fails test_every_statement_is_listed until it is listed here, so none skips the guard.
+# Every statement of the files in GUARDED (the status reads, the status page's and the metrics'
+# reads, the console's pages and actions, pauses, cancels and operator actions), and purge, with
+# the parameters the code gives it. A statement added to those files fails
+# test_every_statement_is_listed until it is listed here, so none skips the guard.
 STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
-    # queries/admin.sql
+    # ops/status.sql, and db/session.sql's reads
     "queue_stats": _fixed(
         cap=DEFAULT_COUNT_CAP,
         failed_cap=DEFAULT_COUNT_CAP,
@@ -334,14 +321,9 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
         limit=100,
     ),
     "get_task": lambda conn, s: {"id": _one_id(conn, s, "state = 'failed'")},
-    "retry_task": lambda conn, s: {
-        "id": _one_id(conn, s, "state = 'failed' AND dedupe_key IS NULL")
-    },
-    "retry_failed_queue": _retry_params("small"),
-    "retry_failed_all": _retry_params(None),
     "db_now": _no_params,
     "wake": lambda conn, s: {"channel": notify_channel(s)},
-    # queries/metrics.sql
+    # monitor/readmodel.sql, monitor/metrics/metrics.sql
     "metrics_state_estimates": lambda conn, s: {"schema": s},
     "metrics_workers_alive": _fixed(alive_seconds=_admin.ALIVE_SECONDS),
     "status_page_cron_runs": _fixed(limit=101),
@@ -353,8 +335,8 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     "metrics_xact_status": lambda conn, s: {
         "xid": conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]  # type: ignore[index]
     },
-    # queries/browse.sql: the console's pages; a filter whose every row matches reads its own rows
-    # (filters that narrow the walk: test_console_search_is_bounded)
+    # monitor/console/browse.sql: the console's pages; a filter whose every row matches reads
+    # its own rows (filters that narrow the walk: test_console_search_is_bounded)
     "browse_any": _browse(),
     "browse_running": _browse(state="in_progress"),
     "browse_queued": _browse(state="queued"),
@@ -372,18 +354,25 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     },
     "throughput_minutes": _minutes,
     "console_minute": _no_params,
-    # queries/console.sql and queries/pause.sql: the console's actions (rolled back)
-    "retry_tasks": _ids("state = 'failed'"),
+    # store/operator.sql, ops/audit.sql and coord/pause.sql: the console's actions (rolled back)
+    "requeue": lambda conn, s: {**_ids("state = 'failed'")(conn, s), "dry_run": False},
     "delete_tasks": _ids("state = 'done'"),
-    "console_audit_insert": _fixed(
-        actor="alice", address="127.0.0.1", action="retry", target="{}", affected=1
+    "action_record": _fixed(
+        actor="alice",
+        action="retry",
+        filter="{}",
+        counts="{}",
+        source="console",
+        finished=True,
+        address="127.0.0.1",
     ),
-    "console_audit_recent": _fixed(limit=20),
+    "action_finish": _fixed(id=1, counts="{}", finished=True),
+    "actions_recent": _fixed(limit=20),
     "pause_queue": _fixed(queue="mail", by="alice"),
     "resume_queue": _fixed(queue="mail"),
     "paused_queues": _fixed(limit=10_000),
-    # queries/cancel.sql: a cancel of queued and running tasks (rolled back), and the lease
-    # keeper's read of cancel requests when it cannot LISTEN
+    # store/operator.sql and coord/cancel.sql: a cancel of queued and running tasks (rolled
+    # back), and the lease keeper's read of cancel requests when it cannot LISTEN
     "cancel_tasks": lambda conn, s: {
         "ids": _ids("state = 'queued'", 50)(conn, s)["ids"]
         + _ids("state = 'in_progress'", 50)(conn, s)["ids"],
@@ -393,7 +382,7 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
         **_ids("state = 'in_progress'", 50)(conn, s),
         "worker_id": str(uuid.uuid4()),
     },
-    # queries/tasks.sql: retention
+    # store/recovery.sql: retention
     "purge": _fixed(
         done_seconds=KEEP_DONE,
         failed_seconds=KEEP_FAILED,
@@ -403,14 +392,33 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
 }
 
 
+WORKER = ROOT / "worker"
+# The files whose every statement is listed above, and the folders every statement is read from.
+GUARDED = [
+    "ops/status.sql",
+    "ops/audit.sql",
+    "monitor/readmodel.sql",
+    "monitor/metrics/metrics.sql",
+    "monitor/console/browse.sql",
+    "coord/pause.sql",
+    "coord/cancel.sql",
+]
+FOLDERS = sorted({(WORKER / f).parent for f in [*GUARDED, "db/session.sql", "store/x.sql"]})
+
+
 def _named(path: str) -> set[str]:
-    return set(parse_named((ROOT / "worker" / "queries" / path).read_text()))
+    return set(parse_named((WORKER / path).read_text()))
+
+
+def q_of(schema: str) -> Any:
+    """Every statement of the guarded folders (and the store's and the session's)."""
+    return statements(schema, *FOLDERS)
 
 
 def test_every_statement_is_listed() -> None:
-    guarded = _named("admin.sql") | _named("metrics.sql") | {"purge"}
-    guarded |= _named("browse.sql") | _named("console.sql") | _named("pause.sql")
-    guarded |= _named("cancel.sql")
+    guarded = {"purge", "no_jit", "db_now", "requeue", "delete_tasks", "cancel_tasks", "wake"}
+    for path in GUARDED:
+        guarded |= _named(path)
     assert guarded == set(STATEMENTS), (
         f"not guarded: {sorted(guarded - set(STATEMENTS))}; "
         f"listed but gone: {sorted(set(STATEMENTS) - guarded)}"
@@ -425,7 +433,7 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def explain(conn: psycopg.Connection, schema: str, name: str) -> tuple[float, dict[str, Any]]:
     """(execution ms, plan) of one run, rolled back."""
-    q = queries(schema)
+    q = q_of(schema)
     with conn.transaction(force_rollback=True):
         conn.execute(q["no_jit"])
         params = STATEMENTS[name](conn, schema)
@@ -473,7 +481,7 @@ def test_console_search_is_bounded(
     lead with) reads at most SCAN_ROWS rows of the walk per page, however few rows match."""
     name, params = browse_statement(Filter(**fields), None, limit=PAGE_ROWS, scan=SCAN_ROWS)
     assert params["scan"] == SCAN_ROWS
-    q = queries(big)
+    q = q_of(big)
     runs = []
     for _ in range(3):
         with conn.transaction(force_rollback=True):
@@ -505,7 +513,7 @@ def test_purge_reads_only_what_it_deletes(conn: psycopg.Connection, big: str) ->
             f" THEN {KEEP_FAILED} ELSE {KEEP_DONE} END) AND (cron_key IS NULL"
             f" OR finished_at < now() - make_interval(secs => {CRON_KEEP}))"
         ).fetchone()
-        deleted = conn.execute(queries(big)["purge"], STATEMENTS["purge"](conn, big)).rowcount
+        deleted = conn.execute(q_of(big)["purge"], STATEMENTS["purge"](conn, big)).rowcount
     assert expired is not None and deleted == expired[0] > dict(BLOCKS)["failed past retention"]
 
 
@@ -593,7 +601,7 @@ def _explain_bulk(
 ) -> tuple[float, dict[str, Any]]:
     action, walk, flt, cursor, _ = BULK[case]
     with conn.transaction(force_rollback=True):
-        conn.execute(queries(s)["no_jit"])
+        conn.execute(q_of(s)["no_jit"])
         flt, cursor, params = _bulk_args(conn, s, flt, cursor)
         row = conn.execute(
             f"SELECT {s}.bulk_sql(%s, %s::text[], %s::jsonb, %s::jsonb, %s)",

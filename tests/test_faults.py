@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ThreadWorker, wait_until
+from conftest import ThreadWorker, every_statement, wait_until
 from psycopg.conninfo import make_conninfo
 from test_pool import (
     child_pids,
@@ -27,11 +27,10 @@ from test_pool import (
 )
 
 import worker
+from worker import store as tr
 from worker.db.migrate import migrate
-from worker.db.sql import queries
 from worker.dev.embedded import EmbeddedPostgres
 from worker.engine.loop import WorkerConfig
-from worker.store import transitions as tr
 
 
 def _query(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:
@@ -203,14 +202,14 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
     """Worker A claims with a short lease, the lease runs out, the row is rescued and claimed by
     B. Nothing A sends afterwards (complete, delete, retry, release, heartbeat) touches B's row,
     nor does a stale attempt number from B itself; B's own acknowledgement still works."""
-    q = queries(schema)
+    q = every_statement(schema)
     task_id = worker.enqueue(conn, "fenced", {}, schema=schema)
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
-    [mine] = tr.claim(conn, q, queues=["default"], limit=10, worker_id=a, lease_seconds=0.2)
+    [mine] = tr.claim(conn, q.schema, queues=["default"], limit=10, worker_id=a, lease_seconds=0.2)
     assert (mine.id, mine.attempt) == (task_id, 1)
     time.sleep(0.4)
-    assert [(r[0], r[3]) for r in tr.rescue(conn, q)] == [(task_id, "queued")]
-    [theirs] = tr.claim(conn, q, queues=["default"], limit=10, worker_id=b, lease_seconds=30)
+    assert [(r[0], r[3]) for r in tr.rescue(conn, q.schema)] == [(task_id, "queued")]
+    [theirs] = tr.claim(conn, q.schema, queues=["default"], limit=10, worker_id=b, lease_seconds=30)
     assert (theirs.id, theirs.attempt) == (task_id, 2)
 
     def row() -> tuple[Any, ...]:
@@ -222,17 +221,17 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
 
     before = row()
     assert before[:3] == ("in_progress", b, 2)
-    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 1)]) == {}
-    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 1)], delete=True) == {}
-    assert tr.complete(conn, q, worker_id=a, done=[(task_id, 2)]) == {}  # B's attempt number
+    assert tr.complete(conn, q.schema, worker_id=a, done=[(task_id, 1)]) == {}
+    assert tr.complete(conn, q.schema, worker_id=a, done=[(task_id, 1)], delete=True) == {}
+    assert tr.complete(conn, q.schema, worker_id=a, done=[(task_id, 2)]) == {}  # B's attempt number
     failure = tr.Failure(task_id, 1, 0.0, "ValueError: late", permanent=True)
-    assert tr.fail(conn, q, worker_id=a, failures=[failure]) == {}
-    assert tr.release(conn, q, worker_id=a, tasks=[(task_id, 1)]) == set()
-    beat = tr.heartbeat(conn, q, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600)
+    assert tr.fail(conn, q.schema, worker_id=a, failures=[failure]) == {}
+    assert tr.release(conn, q.schema, worker_id=a, tasks=[(task_id, 1)]) == set()
+    beat = tr.heartbeat(conn, q.schema, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600)
     assert beat.lost == {(task_id, 1)} and beat.cancel == set()
-    assert tr.complete(conn, q, worker_id=b, done=[(task_id, 1)]) == {}  # stale attempt
+    assert tr.complete(conn, q.schema, worker_id=b, done=[(task_id, 1)]) == {}  # stale attempt
     assert row() == before
-    assert tr.complete(conn, q, worker_id=b, done=[(task_id, 2)]) == {task_id: "done"}
+    assert tr.complete(conn, q.schema, worker_id=b, done=[(task_id, 2)]) == {task_id: "done"}
     assert row()[:3] == ("done", b, 2)
 
 

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import spawn_cli, states, wait_until
+from conftest import every_statement, spawn_cli, states, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pool import kill_tree
 
-from worker.db.sql import queries
+from worker import store as tr
 from worker.engine.job import clean_text, decode_payload, display
-from worker.store import transitions as tr
 
 REFUSED = [
     ("run_at '-infinity'", "INSERT INTO {s}.tasks (task, run_at) VALUES ('h.ok', '-infinity')"),
@@ -203,12 +202,12 @@ def test_queue_names_of_any_shape_reach_the_claim_as_written(
     """The claim sends its queue names to the server as array text (tr.text_array): commas,
     quotes, backslashes, braces, the word NULL and spaces in a producer's queue name must come
     back as the same name, so that each queue's row is claimed from that queue and no other."""
-    q = queries(schema)
+    q = every_statement(schema)
     for name in _ODD_QUEUES:
         conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', %s)", (name,))
     me = "00000000-0000-0000-0000-0000000000bb"
     for name in _ODD_QUEUES:
-        rows = tr.claim(conn, q, queues=[name], limit=10, worker_id=me, lease_seconds=30)
+        rows = tr.claim(conn, q.schema, queues=[name], limit=10, worker_id=me, lease_seconds=30)
         assert [r.queue for r in rows] == [name]
-    rows = tr.claim(conn, q, queues=["NULL", "a"], limit=10, worker_id=me, lease_seconds=30)
+    rows = tr.claim(conn, q.schema, queues=["NULL", "a"], limit=10, worker_id=me, lease_seconds=30)
     assert rows == []  # all taken, and "a" is not "a,b"

@@ -1,7 +1,7 @@
-"""The main loop hears NOTIFY on its own claim connection (``_inbox``): no listener thread, one
-connection fewer per process. What could go wrong with that, tried: the connection is cut while
-the loop sleeps on it, the server restarts under an idle worker, reports from other threads race
-the loop going to sleep. Each test uses a poll interval of a minute, so only a notification can
+"""The main loop hears NOTIFY on its own claim connection (``engine.inbox``): no listener thread,
+one connection fewer per process. What could go wrong with that, tried: the connection is cut while
+the loop sleeps on it, the server restarts under an idle worker, reports from other threads race the
+loop going to sleep. Each test uses a poll interval of a minute, so only a notification can
 explain a task that starts within seconds."""
 
 from __future__ import annotations

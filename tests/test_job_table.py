@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.engine.job import JobTable, Outcome, State
-from worker.store.transitions import Claimed
+from worker.store import Claimed
 from worker.tasks.registry import TaskDef
 
 _NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -202,7 +202,7 @@ def test_lost_rows_are_counted_and_never_pile_up() -> None:
     at acknowledgement) are trimmed, so the id map stays bounded in a long-running worker."""
     from datetime import UTC, datetime
 
-    from worker.store.transitions import Claimed
+    from worker.store import Claimed
 
     reg = Registry()
     reg.task("t.lost", queue="lostq")(lambda payload: None)

@@ -8,7 +8,7 @@ import json
 import psycopg
 from conftest import run_cli
 
-from worker.ops import status as _admin
+from worker.ops import bulk as _bulk
 
 
 def _failed(conn: psycopg.Connection, schema: str, queue: str, keys: list[str | None]) -> None:
@@ -70,7 +70,7 @@ def test_retry_failed_goes_through_every_batch_of_every_queue(
         f"INSERT INTO {schema}.tasks (task, queue, state, attempts)"
         " VALUES ('send', 'b', 'failed', 1)"
     )
-    done = _admin.retry_failed(conn, schema, None, batch=2)
+    done = _bulk.retry_failed(conn, schema, None, batch=2)
     assert (done.requeued, done.skipped) == (11, 1)
     # The older failure holding "x" (in a) went back first; the one in b stays failed.
     assert _states(conn, schema, "a") == {"queued": 6}
@@ -87,7 +87,7 @@ def test_retry_failed_does_not_retry_what_fails_again_meanwhile(
         f"INSERT INTO {schema}.tasks (task, queue, state, attempts, finished_at)"
         " VALUES ('send', 'a', 'failed', 5, now() + interval '1 hour')"
     )
-    done = _admin.retry_failed(conn, schema, "a", batch=1)
+    done = _bulk.retry_failed(conn, schema, "a", batch=1)
     assert done.requeued == 3
     assert _states(conn, schema, "a") == {"queued": 3, "failed": 1}
 

@@ -1,6 +1,7 @@
 """Results and waiting: a handler's return value stored with its row, and worker.wait / Waiter /
-`worker wait` woken by the completing transaction's notification (worker/_results.py,
-worker/_wait.py, worker/_waiter.py). Handlers live in tests/results_module.py and run in real
+`worker wait` woken by the completing transaction's notification (worker/tasks/results.py,
+worker/tasks/wait.py, worker/tasks/waiter.py). Handlers live in tests/results_module.py and run in
+real
 `worker run` processes."""
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import run_cli, spawn_cli, wait_until
+from conftest import every_statement, run_cli, spawn_cli, wait_until
 from psycopg_pool import ConnectionPool
 
 import worker
-from worker.db.sql import parse_named, queries
+from worker import store as tr
+from worker.db.sql import parse_named
 from worker.engine.batch import Batcher
 from worker.engine.job import Job, Outcome
-from worker.store import transitions as tr
 from worker.tasks.registry import Registry
 
 MODULE = "results_module"
@@ -193,10 +194,10 @@ class Traced(psycopg.Connection):  # type: ignore[type-arg]
 
 
 def _jobs(conn: psycopg.Connection, schema: str, n: int, results: list[str | None]) -> list[Job]:
-    q = queries(schema)
+    q = every_statement(schema)
     for i in range(n):
         worker.enqueue(conn, "t", {"i": i}, queue="q", schema=schema)
-    rows = tr.claim(conn, q, queues=["q"], limit=n, worker_id=WID, lease_seconds=30)
+    rows = tr.claim(conn, q.schema, queues=["q"], limit=n, worker_id=WID, lease_seconds=30)
     reg = Registry()
     definition = reg.task("t")(lambda p: None)
     return [
@@ -209,9 +210,9 @@ WID = "00000000-0000-0000-0000-000000000001"
 
 
 def test_tasks_without_results_are_acknowledged_by_complete_alone(pg_dsn: str, schema: str) -> None:
-    text = parse_named((Path(worker.__file__).parent / "queries" / "tasks.sql").read_text())
+    text = parse_named((Path(worker.__file__).parent / "store" / "acks.sql").read_text())
     assert hashlib.sha256(text["complete"].encode()).hexdigest() == COMPLETE_SHA256
-    q = queries(schema)
+    q = every_statement(schema)
     batcher = Batcher(
         q,
         WID,

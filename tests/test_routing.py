@@ -9,10 +9,9 @@ import time
 
 import psycopg
 import pytest
-from conftest import run_cli, wait_until
+from conftest import every_statement, run_cli, wait_until
 
 import worker
-from worker.db.sql import queries
 from worker.engine.vacuum import VacuumConfig, Vacuumer
 
 
@@ -88,7 +87,7 @@ def test_vacuum_removes_dead_rows_and_backs_off_when_the_horizon_is_held(
 ) -> None:
     """The maintenance vacuum runs when the table holds many dead rows and nobody vacuumed it
     lately; when a held snapshot keeps it from removing them, it says so and waits longer."""
-    q = queries(schema)
+    q = every_statement(schema)
     vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0))
 
     def dead() -> int:
@@ -124,7 +123,7 @@ def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
     """A fruitless vacuum is not run again, however often the service looks, while the
     transaction that made it fruitless is still open (each would read the whole table and its
     indexes for nothing); once another transaction holds the horizon, it tries again."""
-    q = queries(schema)
+    q = every_statement(schema)
     vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0, max_backoff_seconds=0))
 
     def vacuums() -> int:

@@ -13,10 +13,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import run_cli
+from conftest import every_statement, run_cli
 
 from worker.db.migrate import current_version, latest_version, migrate, require_schema
-from worker.db.sql import parse_named, queries, render, validate_schema_name
+from worker.db.sql import parse_named, render, validate_schema_name
 from worker.errors import ConfigError, SchemaMissing
 
 
@@ -153,7 +153,7 @@ def _no_seq_scan(nodes: list[dict[str, Any]]) -> None:
 
 def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_table: str) -> None:
     """All of a worker's queues in one statement, one with a cursor placed: index ranges only."""
-    q = queries(big_table)
+    q = every_statement(big_table)
     start = datetime(1, 1, 1, tzinfo=UTC)
     nodes = _explain(
         conn,
@@ -179,7 +179,7 @@ def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_tab
 def test_promote_and_behind_plans_read_their_indexes(
     conn: psycopg.Connection, big_table: str
 ) -> None:
-    q = queries(big_table)
+    q = every_statement(big_table)
     nodes = _explain(conn, q["promote"], {"limit": 1000, "channel": f"{big_table}.tasks"})
     _no_seq_scan(nodes)
     assert "tasks_scheduled_idx" in {n.get("Index Name") for n in nodes}
@@ -222,7 +222,7 @@ def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, n
         "history": 10,
         "history_chars": 2000,
     }
-    nodes = _explain(conn, queries(big_table)[name], params)
+    nodes = _explain(conn, every_statement(big_table)[name], params)
     _no_seq_scan(nodes)
     # By primary key: a scan of the partial lease index walks every dead entry it holds.
     used = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
@@ -232,7 +232,7 @@ def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, n
 def test_retry_rescue_purge_plans_use_no_table_scan(
     conn: psycopg.Connection, big_table: str
 ) -> None:
-    q = queries(big_table)
+    q = every_statement(big_table)
     ids = [r[0] for r in conn.execute(f"SELECT id FROM {big_table}.tasks LIMIT 100")]
     n = len(ids)
     _no_seq_scan(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .engine.job import Job, Outcome
-    from .store.transitions import Claimed
+    from .store import Claimed
     from .tasks.registry import TaskDef
 
 log = logging.getLogger("worker")

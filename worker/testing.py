@@ -3,7 +3,7 @@
 ``run_due(conn)`` runs the tasks that are due, one after the other, in the calling thread and on
 the caller's connection, inside whatever transaction it has open: a test that enqueues, runs and
 then rolls back leaves nothing behind. Rows move through the queue's own statements
-(``_transitions``: claim, complete, retry), so states, attempts, backoff and errors are the ones
+(``the store``: claim, complete, retry), so states, attempts, backoff and errors are the ones
 a worker would write. ``enqueued`` and ``assert_enqueued`` read what was enqueued.
 
 Time stands still inside a transaction (``now()`` is its start), so a retried task, whose next
@@ -19,15 +19,16 @@ import json
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from .db.sql import Queries, notify_channel, queries
+from . import store
+from .db.sql import notify_channel, queries
 from .engine.batch import PROMOTE_LIMIT
 from .engine.job import decode_payload, format_error
 from .errors import DoNotRetry, PayloadError
-from .store import transitions as tr
 from .tasks.backoff import retry_delay
 from .tasks.payload import from_json, to_json
 from .tasks.registry import Context, Registry, TaskDef, registry
@@ -35,6 +36,9 @@ from .tasks.registry import Context, Registry, TaskDef, registry
 # The lease written on rows run_due claims; nothing renews or checks it while they run.
 _LEASE_SECONDS = 3600.0
 _BATCH = 100
+
+# testing.sql lies beside this module: a worker process never loads it.
+_HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -103,23 +107,23 @@ def run_due(
     call it from a running loop), transactional ones inside a savepoint of ``conn``'s
     transaction with ``ctx.conn = conn``. Handler timeouts are enforced for async handlers only.
     """
-    q = queries(schema)
+    q = queries(schema, _HERE)
     tasks = tasks if tasks is not None else registry
-    until = _until(conn, q, now)
+    until = _until(conn, schema, now)
     worker_id = str(uuid.uuid4())
     limits = {name: d.max_attempts for name in tasks.names() if (d := tasks.get(name))}
     runs: list[TaskRun] = []
     with asyncio.Runner() as loop:  # its event loop is made on first use only
         while len(runs) < limit:
             if until is not None:
-                tr.make_due(conn, q, until=until)
-            tr.promote(conn, q, limit=PROMOTE_LIMIT, channel=notify_channel(schema))
+                store.make_due(conn, schema, until=until)
+            store.promote(conn, schema, limit=PROMOTE_LIMIT, channel=notify_channel(schema))
             names = queues or [r[0] for r in conn.execute(q["testing_due_queues"]).fetchall()]
             if not names:
                 break
-            rows = tr.claim(
+            rows = store.claim(
                 conn,
-                q,
+                schema,
                 queues=names,
                 limit=min(_BATCH, limit - len(runs)),
                 worker_id=worker_id,
@@ -129,15 +133,13 @@ def run_due(
             if not rows:
                 break
             for c in rows:
-                runs.append(_run_one(conn, q, tasks, c, worker_id, loop))
+                runs.append(_run_one(conn, schema, tasks, c, worker_id, loop))
     return RunSummary(runs)
 
 
-def _until(conn: psycopg.Connection, q: Queries, now: datetime | timedelta | None) -> Any:
+def _until(conn: psycopg.Connection, schema: str, now: datetime | timedelta | None) -> Any:
     if isinstance(now, timedelta):
-        row = conn.execute(q["delayed_until"], {"delay": now.total_seconds()}).fetchone()
-        assert row is not None
-        return row[0]
+        return store.delayed_until(conn, schema, now.total_seconds())
     if now is not None and now.tzinfo is None:
         raise ValueError("now must be timezone-aware (naive datetimes are ambiguous)")
     return now
@@ -145,20 +147,20 @@ def _until(conn: psycopg.Connection, q: Queries, now: datetime | timedelta | Non
 
 def _run_one(
     conn: psycopg.Connection,
-    q: Queries,
+    schema: str,
     tasks: Registry,
-    c: tr.Claimed,
+    c: store.Claimed,
     worker_id: str,
     loop: asyncio.Runner,
 ) -> TaskRun:
     d = tasks.get(c.task)
     if d is None:
-        # As a worker would: back to scheduled, attempt not counted (see tr.hand_back).
+        # As a worker would: back to scheduled, attempt not counted (see store.hand_back).
         error = (
             f"UnknownTask: no handler named {c.task!r} in the registry run_due was given "
             f"(known: {', '.join(tasks.names()) or 'none'})"
         )
-        tr.hand_back(conn, q, worker_id=worker_id, rows=[(c.id, c.attempt, error)])
+        store.hand_back(conn, schema, worker_id=worker_id, rows=[(c.id, c.attempt, error)])
         return TaskRun(c.id, c.task, c.attempt, False, "scheduled", error, handed_back=True)
     ctx = Context(c.id, c.task, c.queue, c.attempt, c.max_attempts, worker_id)
     permanent = False
@@ -175,7 +177,7 @@ def _run_one(
             if d.transactional:
                 with conn.transaction():  # a savepoint: the handler's writes go with the row
                     d.fn(payload, replace(ctx, conn=conn))
-                    tr.complete(conn, q, worker_id=worker_id, done=[(c.id, c.attempt)])
+                    store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
                 return TaskRun(c.id, c.task, c.attempt, True, "done")
             _call(d, payload, ctx, loop)
         except DoNotRetry as exc:
@@ -183,11 +185,11 @@ def _run_one(
         except Exception as exc:
             error = format_error(exc)
         else:
-            tr.complete(conn, q, worker_id=worker_id, done=[(c.id, c.attempt)])
+            store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
             return TaskRun(c.id, c.task, c.attempt, True, "done")
     delay = retry_delay(c.attempt, d.retry_backoff)
-    failure = tr.Failure(c.id, c.attempt, delay, error, permanent)
-    state = tr.fail(conn, q, worker_id=worker_id, failures=[failure]).get(c.id, "lost")
+    failure = store.Failure(c.id, c.attempt, delay, error, permanent)
+    state = store.fail(conn, schema, worker_id=worker_id, failures=[failure]).get(c.id, "lost")
     return TaskRun(c.id, c.task, c.attempt, False, state, error)
 
 
@@ -230,7 +232,7 @@ def enqueued(
     """The task rows visible to ``conn`` (its own uncommitted ones included), oldest first,
     whatever their state; of one task and one queue when given."""
     name = task.name if isinstance(task, TaskDef) else task
-    rows = conn.execute(queries(schema)["testing_enqueued"], {"task": name, "queue": queue})
+    rows = conn.execute(queries(schema, _HERE)["testing_enqueued"], {"task": name, "queue": queue})
     return [Enqueued(*row) for row in rows.fetchall()]
 
 

@@ -1,5 +1,5 @@
 """`worker retry`, `worker cancel` and `worker delete`: one task by id (the old forms, in
-commands.py), or every task a filter matches (worker/_bulk.py), counted first.
+commands.py), or every task a filter matches (worker/ops/bulk.py), counted first.
 
 Without --yes a filter only counts: how many tasks would change, which would be skipped, and a
 few examples; nothing is written. With --yes the action runs in batches of --batch-size rows, one
@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..ops import bulk as _bulk
+from ..ops.audit import default_actor
 from ..ops.bulk import BulkError, Filter, Outcome
 from ..ops.status import STATES
 from .commands import cmd_cancel as cancel_one
@@ -221,7 +222,7 @@ def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
         states = _bulk.states_for(action, flt)
     except BulkError as exc:
         raise CliError(str(exc), 2) from None
-    actor = args.actor or _bulk.default_actor()
+    actor = args.actor or default_actor()
     with connect(args) as conn:
         require(conn, args.schema)
         if args.yes:

@@ -13,9 +13,11 @@ import psycopg
 from ..coord import pause as _pause
 from ..db.dsn import dsn_source_from_env, redact
 from ..db.migrate import migrate
-from ..db.sql import queries
 from ..dev import bench, demo
+from ..dev.attached import attached_workers
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from ..ops import actions as _actions
+from ..ops import bulk as _bulk
 from ..ops import status as _admin
 from ..ops.status import STATES, status
 from ..tasks import limits as _limits
@@ -222,7 +224,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         require(conn, args.schema)
         if args.failed:
-            done = _admin.retry_failed(conn, args.schema, args.queue)
+            done = _bulk.retry_failed(conn, args.schema, args.queue)
             if args.json:
                 print_json(done.as_dict())
                 return 0
@@ -235,14 +237,13 @@ def cmd_retry(args: argparse.Namespace) -> int:
                     f"holds ({ids}{more}): they stay failed; retry them once that task is done"
                 )
             return 0
-        try:
-            ok = _admin.retry(conn, args.schema, args.id)
-        except psycopg.errors.UniqueViolation:
+        one = _actions.retry(conn, args.schema, [args.id])
+        if one.skipped:
             raise CliError(
                 f"task {args.id} was not requeued: its dedupe key is held by a scheduled, queued "
                 "or running task"
-            ) from None
-        if not ok:
+            )
+        if not one.changed:
             raise CliError(f"task {args.id} is not failed or cancelled (or does not exist)")
         print(f"requeued task {args.id}")
     return 0
@@ -252,7 +253,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     """One line saying what happened; exit 1 when nothing could be cancelled."""
     with connect(args) as conn:
         require(conn, args.schema)
-        done = _admin.cancel(conn, args.schema, args.id, by=args.actor)
+        done = _actions.cancel_one(conn, args.schema, args.id, by=args.actor)
     if args.json:
         print_json(done.as_dict())
         return 0 if done.outcome in ("cancelled", "requested") else 1
@@ -292,8 +293,7 @@ def _warn_attached_workers(dsn: str) -> None:
     """One line on stderr when worker processes are connected: stopping the server leaves them
     retrying their connection (their tasks come back once it runs again and leases lapse)."""
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute(queries("worker")["embedded_attached_workers"]).fetchall()
+        rows = attached_workers(dsn)
     except psycopg.Error:
         return  # stopping is still the right thing to do; pg_ctl says what it finds
     if rows:

@@ -1,5 +1,5 @@
 """``worker limits``: fleet-wide concurrency and rate limits per queue and per key (see
-worker/_limits.py). ``worker limits`` lists them with what each queue holds now; ``set`` and
+worker/tasks/limits.py). ``worker limits`` lists them with what each queue holds now; ``set`` and
 ``clear`` change them at run time: every worker applies a change within about a second, and code
 declarations no longer change a queue an operator set (until it is cleared)."""
 

@@ -1,5 +1,5 @@
 """``worker pause QUEUE`` and ``worker resume QUEUE``: fleet-wide, through the database (see
-worker/_pause.py). A pause holds from the moment it commits and survives worker restarts; tasks
+worker/coord/pause.py). A pause holds from the moment it commits and survives worker restarts; tasks
 already running finish."""
 
 from __future__ import annotations

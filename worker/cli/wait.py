@@ -1,4 +1,4 @@
-"""`worker wait ID`: block until a task finishes and print its result (see worker/_wait.py).
+"""`worker wait ID`: block until a task finishes and print its result (see worker/tasks/wait.py).
 
 Exit codes: 0 done (the result's JSON on stdout, ``null`` when the task stores none), 1 failed,
 cancelled or no such task (one line on stderr), 2 usage or configuration, 3 timeout.

@@ -2,7 +2,7 @@
 
 The job's writes can share the lock's transaction, so they commit with the release or not at
 all; the price is a connection held in a transaction for the whole job. Lock rows with an expiry
-are in ``_locks``; docs/cron-and-locks.md compares the two.
+are in ``coord.locks``; docs/cron-and-locks.md compares the two.
 """
 
 from __future__ import annotations

@@ -4,11 +4,9 @@ A task that has not started is cancelled at once. A running one is marked in its
 worker is told on ``cancel_channel`` (NOTIFY; the payload lists task ids, or is empty for "check
 every task you hold"); a worker that cannot LISTEN reads the marks of the rows it holds instead
 (``requests``, from the lease keeper). The request itself is the SQL function
-``cancel_tasks`` of schema/0010, so ``psql`` users, the CLI, the console and this API cancel
-alike. What ends a marked row ``cancelled`` is every statement that takes a row out of
-``in_progress`` (queries/tasks.sql).
-
-Like ``_transitions`` (split from it by concept), this is where Python writes a task's state.
+``cancel_tasks`` of schema/0010 (run by the store), so ``psql`` users, the CLI, the console and
+this API cancel alike. What ends a marked row ``cancelled`` is every statement of the store that
+takes a row out of ``in_progress``.
 """
 
 from __future__ import annotations
@@ -19,8 +17,9 @@ from typing import Any
 
 import psycopg
 
+from .. import store
 from ..db.connect import Target, borrow
-from ..db.sql import Queries, queries
+from ..db.sql import Queries
 
 OUTCOMES = ("cancelled", "requested", "finished", "missing")
 
@@ -42,12 +41,13 @@ class Cancellation:
         return asdict(self)
 
 
-def cancel_tasks(
-    conn: psycopg.Connection, q: Queries, *, ids: Sequence[int], by: str | None
+def cancel_many(
+    conn: psycopg.Connection, schema: str, ids: Sequence[int], *, by: str | None
 ) -> list[Cancellation]:
-    """Cancel each of ``ids`` for ``by`` (None: the database role); one result per id, in order."""
-    rows = conn.execute(q["cancel_tasks"], {"ids": list(ids), "by": by}).fetchall()
-    return [Cancellation(int(i), outcome, state) for i, outcome, state in rows]
+    """Cancel each of ``ids`` for ``by`` (None: the database role, cut to 200 characters); one
+    result per id, in order."""
+    by = None if by is None else by[:200]
+    return [Cancellation(*row) for row in store.cancel_tasks(conn, schema, ids, by=by)]
 
 
 def cancel(
@@ -64,7 +64,7 @@ def cancel(
     if by is not None and not isinstance(by, str):
         raise TypeError("by must be a string or None")
     with borrow(target) as conn:
-        return cancel_tasks(conn, queries(schema), ids=[task_id], by=by)[0]
+        return cancel_many(conn, schema, [task_id], by=by)[0]
 
 
 def requests(
@@ -88,4 +88,4 @@ def parse_payload(payload: str | None) -> list[int] | None:
         return None
 
 
-__all__ = ["OUTCOMES", "Cancellation", "cancel", "cancel_tasks", "parse_payload", "requests"]
+__all__ = ["OUTCOMES", "Cancellation", "cancel", "cancel_many", "parse_payload", "requests"]

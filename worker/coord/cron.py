@@ -25,6 +25,7 @@ from croniter import CroniterError, croniter
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from .. import store
 from ..db.sql import execute, queries
 from ..errors import ConfigError
 from ..hooks import emit
@@ -140,9 +141,9 @@ class Ticker:
         if not offers:
             return 0
         s = [o[0].schedule for o in offers]
-        row = execute(
+        row = store.cron_slots(
             conn,
-            self.q["cron_enqueue"],
+            self.schema,
             {
                 "keys": [x.key for x in s],
                 "slots": [o[1] for o in offers],
@@ -154,7 +155,7 @@ class Ticker:
                 "max_attempts": [x.max_attempts for x in s],
                 "horizon_seconds": self.horizon_seconds,
             },
-        )[0]
+        )
         db_now, won = row[0], row[1] or {}
         self._offset = db_now - local
         # Slots the database found due are settled whether we won them or not; slots it found in

@@ -1,6 +1,6 @@
-"""Cron schedules as values: parsing, validation, the process's set of declared schedules, and
-the ``@worker.cron`` / ``worker.schedule`` declarations. ``_cron`` turns them into enqueued runs.
-"""
+"""Cron schedules as values: parsing, validation, the process's set of declared schedules, and the
+``@worker.cron`` / ``worker.schedule`` declarations. ``coord.cron`` turns them into enqueued
+runs."""
 
 from __future__ import annotations
 

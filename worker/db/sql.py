@@ -1,8 +1,16 @@
-"""Named SQL: the statements live in ``worker/queries/*.sql`` and migrations in ``schema/``.
+"""Named SQL: every statement lives in a ``.sql`` file beside the module that runs it, and the
+migrations in ``schema/``.
 
-Keeping SQL in .sql files lets a reader (or a DBA) review every statement the worker runs in one
-place. The only thing substituted into the text is the schema name, and only as a validated
-identifier quoted by psycopg; every value is bound as a parameter.
+A ``.sql`` file is a list of statements, each after a ``-- name: NAME`` line, so a reader (or a
+DBA) reviews every statement a room runs in one place. The only thing substituted into the text
+is the schema name, and only as a validated identifier quoted by psycopg; every value is bound as
+a parameter.
+
+``queries(schema)`` is the core's set: the statements of the rooms ``db``, ``tasks``, ``coord``,
+``engine`` and ``ops``. The store's statements (every one that changes a task row) are not in it:
+the store loads its own (``worker.store.statements``), so no other room can run one by name. The
+monitor, the developer tools and the integrations add their own folders
+(``queries(schema, folder)``); a worker process never loads theirs.
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ from psycopg import sql
 
 from ..errors import ConfigError
 
-QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+# The rooms whose statements make the core's set (see the module's docstring).
+CORE_ROOMS = ("db", "tasks", "coord", "engine", "ops")
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # fullmatch: "$" would allow a "\n"
@@ -66,30 +76,44 @@ def parse_named(text: str) -> dict[str, str]:
 
 
 @cache
-def _raw_queries() -> dict[str, str]:
+def _statements(folders: tuple[Path, ...]) -> dict[str, str]:
+    """The named statements of every ``.sql`` file directly in ``folders``; a name may be
+    defined once across them all."""
     merged: dict[str, str] = {}
-    for path in sorted(QUERIES_DIR.glob("*.sql")):
-        for name, statement in parse_named(path.read_text()).items():
-            if name in merged:
-                raise ValueError(f"query {name!r} is defined in two files")
-            merged[name] = statement
+    for folder in folders:
+        for path in sorted(folder.glob("*.sql")):
+            for name, statement in parse_named(path.read_text()).items():
+                if name in merged:
+                    raise ValueError(f"query {name!r} is defined in two files")
+                merged[name] = statement
     return merged
 
 
 class Queries:
-    """The named statements rendered for one schema; build once per schema and reuse."""
+    """The named statements of some folders, rendered for one schema; build once and reuse."""
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, schema: str, folders: tuple[Path, ...]) -> None:
         self.schema = validate_schema_name(schema)
-        self._rendered = {name: render(text, schema) for name, text in _raw_queries().items()}
+        raw = _statements(folders)
+        self._rendered = {name: render(text, schema) for name, text in raw.items()}
 
     def __getitem__(self, name: str) -> sql.SQL:
         return self._rendered[name]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._rendered
+
 
 @cache
-def queries(schema: str) -> Queries:
-    return Queries(schema)
+def statements(schema: str, *folders: Path) -> Queries:
+    """The statements of exactly these folders, for ``schema`` (cached)."""
+    return Queries(schema, tuple(folders))
+
+
+@cache
+def queries(schema: str, *more: Path) -> Queries:
+    """The core's statements for ``schema``, and those of the ``more`` folders (cached)."""
+    return statements(schema, *(PACKAGE_DIR / room for room in CORE_ROOMS), *more)
 
 
 def notify_channel(schema: str) -> str:

@@ -14,10 +14,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 
 from ..db.sql import queries
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 QUEUE = "default"
 
@@ -38,7 +42,7 @@ def _loop(
     done: list[int],
     errors: list[BaseException],
 ) -> None:
-    q = queries(schema)
+    q = queries(schema, SQL_DIR)
     ack = q["bench_ack_delete" if delete else "bench_ack"]
     worker_id = str(uuid.uuid4())
     ids: list[int] = []

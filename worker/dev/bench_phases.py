@@ -28,6 +28,9 @@ from ..db.sql import queries
 from ..tasks.enqueue import enqueue
 from ..tasks.limits import Limits, clear_limits, set_limits
 
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
+
 BENCH_SCHEMA = "worker_bench"
 TASK = "bench.noop"
 DEFAULT_QUEUE = "default"
@@ -72,7 +75,7 @@ def reset(conn: psycopg.Connection) -> None:
 def truncate(conn: psycopg.Connection, *, finished: int = 0, delayed: int = 0) -> None:
     """An empty table, then ``finished`` old done rows and ``delayed`` rows due tomorrow in the
     default queue, vacuumed and analysed, as autovacuum would leave a table in a steady state."""
-    q = queries(BENCH_SCHEMA)
+    q = queries(BENCH_SCHEMA, SQL_DIR)
     conn.execute(f"TRUNCATE {BENCH_SCHEMA}.tasks")
     if finished:
         conn.execute(q["bench_fill_finished"], {"n": finished})
@@ -169,7 +172,7 @@ def serve(
     interval. The drain phases say nothing about it, since their workers never wait. Rows already
     in the table (delayed ones, say) stay: they are what a phase measures against.
     """
-    q = queries(BENCH_SCHEMA)
+    q = queries(BENCH_SCHEMA, SQL_DIR)
     extra = ["--queues", ",".join(served)] if served else []
     cmd = worker_command(args, *extra, keep_done=_KEEP_MEASURED)
     proc = subprocess.Popen(cmd, env=worker_env(dsn))
@@ -211,7 +214,7 @@ def serve(
 def _claim_cpu(conn: psycopg.Connection) -> dict[int, int] | None:
     """CPU time so far (ns) of the server processes behind the worker's claim connections, or
     None when it cannot be read (the server on another machine, or in another pid namespace)."""
-    q = queries(BENCH_SCHEMA)
+    q = queries(BENCH_SCHEMA, SQL_DIR)
     if not conn.execute(q["bench_server_is_local"]).fetchone()[0]:
         return None
     used: dict[int, int] = {}

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -29,6 +30,9 @@ from ..engine.supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
 from ..ops.status import status
 from ..tasks.enqueue import enqueue, enqueue_many
 from .pginstall import _pick_free_port, _port_is_free
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 DEFAULT_CONSOLE_PORT = 9187
 _TTY_EVERY = 1.0  # seconds between updates of the summary line on a terminal
@@ -75,7 +79,7 @@ class _Pool:
                 *extra,
             ],
             # The DSN goes through the environment (argv is public), and the pool stops with
-            # the demo, however the demo ends (PARENT_*: see _supervisor.die_with_parent).
+            # the demo, however the demo ends (PARENT_*: see engine.supervisor.die_with_parent).
             env={
                 **os.environ,
                 "WORKER_DSN": dsn,
@@ -139,7 +143,7 @@ def _answers(url: str) -> bool:
 def _live(
     conn: psycopg.Connection, dsn: str, schema: str, args: argparse.Namespace, embedded: bool
 ) -> int:
-    q = queries(schema)
+    q = queries(schema, SQL_DIR)
     after = conn.execute(q["demo_last_id"]).fetchone()[0]
     port = _console_port(args.port)
     begun = time.monotonic()
@@ -216,7 +220,7 @@ def _enqueue_one(conn: psycopg.Connection, schema: str, i: int) -> None:
 
 def _summary(conn: psycopg.Connection, schema: str, after: int, elapsed: float) -> dict[str, Any]:
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(queries(schema)["demo_summary"], {"after": after}).fetchone()
+        row = cur.execute(queries(schema, SQL_DIR)["demo_summary"], {"after": after}).fetchone()
     assert row is not None
     return {"elapsed": elapsed, **row}
 

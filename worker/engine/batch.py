@@ -2,7 +2,7 @@
 transaction, and what the results mean.
 
 One commit per batch instead of two: with durable commits the WAL flush, not the SQL, is what a
-batch costs most. The worker (``_worker``) decides when to run a batch and moves its jobs'
+batch costs most. The worker (``engine.loop``) decides when to run a batch and moves its jobs'
 states; this module only talks to the database and reads the answers.
 """
 
@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from .. import store
 from ..db.sql import Queries
-from ..store import transitions as tr
-from ..tasks import results
 from ..tasks.backoff import retry_delay
 from ..tasks.registry import DEFAULT_BACKOFF, TaskDef
 from .job import Job
@@ -31,8 +30,8 @@ class Claim:
 
     queues: list[str]
     limit: int
-    rows: list[tr.Claimed]
-    # Limited queues (see _limits): those read, with what each gave, and those not reached.
+    rows: list[store.Claimed]
+    # Limited queues (see tasks.limits): those read, with what each gave, and those not reached.
     limited: dict[str, int] = field(default_factory=dict)
     unlimited_rows: int | None = None  # rows of the unlimited queues (None: all of them)
 
@@ -76,14 +75,14 @@ class Batcher:
         self.lease_seconds = lease_seconds
         self.delete_done = delete_done
         self.max_attempts = dict(max_attempts)
-        self._handlers = tr.HandlerLimits(self.max_attempts)  # the claim's form of it
+        self._handlers = store.HandlerLimits(self.max_attempts)  # the claim's form of it
         self.poll_interval = poll_interval
         self.channel = channel
         self.done_channel = done_channel  # where tasks that store a result are announced
         self.stores_result = stores_result
         # Rows that commit up to this far behind the cursor are still found by the claim (and
         # promotion, which runs when the next row is due, is seldom later than that).
-        self.cursor = tr.ClaimCursor(1.0, rows=2 * batch_size)
+        self.cursor = store.ClaimCursor(1.0, rows=2 * batch_size)
         self._hot: set[str] = set(self.queues)  # the first claim reads every queue
         self._poll_at = 0.0  # monotonic time of the next claim over every queue
         self._promote_at = 0.0  # monotonic time of the next promotion
@@ -104,7 +103,7 @@ class Batcher:
         read from its start next, as is every queue after a notification that names none (too
         many names, or LISTEN was made again and some may have been missed). Returns whether this
         worker serves any of the queues."""
-        names, earliest = tr.parse_notification(payload)
+        names, earliest = store.parse_notification(payload)
         if names is None:
             self._hot.update(self.queues)
             for name in self.cursor.placed():
@@ -138,7 +137,7 @@ class Batcher:
 
     def polls_all(self) -> bool:
         """Whether the poll claims over every queue. A worker serving many queues leaves the
-        poll to the maintenance thread instead (``tr.due_queues``, one index probe per queue,
+        poll to the maintenance thread instead (``store.due_queues``, one index probe per queue,
         off the claim path), which names the queues that hold work."""
         return len(self.queues) <= MANY_QUEUES
 
@@ -165,7 +164,7 @@ class Batcher:
     ) -> tuple[dict[int, str], dict[int, str]]:
         """The done, failed and handed-back jobs, one statement each: ({id: "done" or
         "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
-        cancel request end "cancelled" either way. Jobs that carry a result (see _results) take
+        cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results) take
         a statement of their own, and are announced to waiters; the others' acknowledgement is
         ``complete`` alone."""
         done = [
@@ -191,17 +190,17 @@ class Batcher:
         if jobs and self._held:
             self.freed()
         if done:
-            kept = tr.complete(
-                conn, self.q, worker_id=self.worker_id, done=done, delete=self.delete_done
+            kept = store.complete(
+                conn, self.q.schema, worker_id=self.worker_id, done=done, delete=self.delete_done
             )
         if with_result:
-            stored = results.complete_with_result(
-                conn, self.q, worker_id=self.worker_id, done=with_result
+            stored = store.complete_with_result(
+                conn, self.q.schema, worker_id=self.worker_id, done=with_result
             )
-            results.notify_done(conn, self.q, channel=self.done_channel, ids=sorted(stored))
+            store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=sorted(stored))
             kept.update(stored)
         if failures:
-            states = tr.fail(conn, self.q, worker_id=self.worker_id, failures=failures)
+            states = store.fail(conn, self.q.schema, worker_id=self.worker_id, failures=failures)
             # Tasks that store a result and failed for good: their waiters hear it at once.
             ended = [
                 j.id
@@ -209,9 +208,9 @@ class Batcher:
                 if states.get(j.id) == "failed" and self.stores_result(j.definition)
             ]
             if ended:
-                results.notify_done(conn, self.q, channel=self.done_channel, ids=ended)
+                store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=ended)
         if handbacks:
-            back = tr.hand_back(conn, self.q, worker_id=self.worker_id, rows=handbacks)
+            back = store.hand_back(conn, self.q.schema, worker_id=self.worker_id, rows=handbacks)
             for task_id, state in back.items():
                 states[task_id] = "cancelled" if state == "cancelled" else "handed_back"
         return kept, states
@@ -224,7 +223,7 @@ class Batcher:
                 self._hot.update(self.queues)
             self._poll_at = now + self.poll_interval
         if now >= self._promote_at:
-            promoted = tr.promote(conn, self.q, limit=PROMOTE_LIMIT, channel=self.channel)
+            promoted = store.promote(conn, self.q.schema, limit=PROMOTE_LIMIT, channel=self.channel)
             wait = self.poll_interval
             if promoted.count >= PROMOTE_LIMIT:
                 wait = 0.0
@@ -261,11 +260,11 @@ class Batcher:
 
     def _claim_plain(
         self, conn: psycopg.Connection, names: list[str], limit: int
-    ) -> list[tr.Claimed]:
+    ) -> list[store.Claimed]:
         """The claim statement over unlimited queues, from this worker's cursors."""
-        return tr.claim(
+        return store.claim(
             conn,
-            self.q,
+            self.q.schema,
             queues=names,
             limit=limit,
             worker_id=self.worker_id,
@@ -286,9 +285,9 @@ class Batcher:
             left = limit - len(got.rows)
             if left <= 0:
                 break
-            result = tr.claim_limited(
+            result = store.claim_limited(
                 conn,
-                self.q,
+                self.q.schema,
                 queue=name,
                 limit=left,
                 worker_id=self.worker_id,
@@ -309,7 +308,7 @@ class Batcher:
         claim came back full (more may wait)."""
         if claim is None:
             return False
-        by_queue: dict[str, list[tr.Claimed]] = {}
+        by_queue: dict[str, list[store.Claimed]] = {}
         if len(claim.queues) == 1 and not claim.limited:
             if claim.rows:
                 by_queue[claim.queues[0]] = claim.rows  # one queue: every row is of it
@@ -344,7 +343,7 @@ class Batcher:
             self._hot.update(claim.limited)
 
     def reset(self, names: Sequence[str]) -> None:
-        """Rows committed behind the cursor of these queues (see tr.behind): read them from
+        """Rows committed behind the cursor of these queues (see store.behind): read them from
         their start."""
         for name in names:
             self.cursor.reset(name)
@@ -357,12 +356,12 @@ def limited_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) 
     return [r[0] for r in conn.execute(q["limited_queues"], {"queues": list(queues)}).fetchall()]
 
 
-def failure(job: Job) -> tr.Failure:
+def failure(job: Job) -> store.Failure:
     """The retry statement's view of a failed job: when to try again, and why it failed."""
     c, outcome = job.claimed, job.outcome
     assert outcome is not None
     base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
-    return tr.Failure(
+    return store.Failure(
         c.id, c.attempt, retry_delay(c.attempt, base), outcome.error or "", outcome.permanent
     )
 

@@ -9,11 +9,10 @@ Notifications that arrive while a statement runs are taken by psycopg as it read
 and are handed to the same callbacks.
 
 Where the claim connection cannot LISTEN (behind PgBouncer in transaction mode, with a
-``listen_dsn``), ``_listener``'s thread listens on a connection of its own and ``put``s here like
-any other thread. If the listening connection breaks while the loop sleeps, the inbox closes it
+``listen_dsn``), ``engine.listener``'s thread listens on a connection of its own and ``put``s here
+like any other thread. If the listening connection breaks while the loop sleeps, the inbox closes it
 and reports it lost once (``on_lost``); the worker then connects again, and ``listen`` calls every
-callback with None, since notifications may have been sent while nobody listened.
-"""
+callback with None, since notifications may have been sent while nobody listened."""
 
 from __future__ import annotations
 

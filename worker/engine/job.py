@@ -27,7 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.transitions import Claimed
+from ..store import Claimed
 from ..tasks.registry import TaskDef
 
 MAX_ERROR_CHARS = 4000
@@ -58,7 +58,7 @@ class Outcome:
     acked: bool = False  # transactional handlers complete their row themselves
     handback: bool = False  # no handler here: the row goes back uncounted (tr.hand_back)
     runner: int = -1  # which runner thread produced it
-    result: str | None = None  # the return value as JSON, for tasks that store it (_results)
+    result: str | None = None  # the return value as JSON, for tasks that store it (tasks.results)
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ Every ``interval`` seconds it renews, in one statement, every row of the jobs it
 still this worker's at the claimed attempt, and reports the ones that are not (rescued, claimed
 again by another worker, or, for the same worker, at another attempt) as lost.
 
-It is also the fallback by which a worker learns of cancel requests (see ``_cancel``): each
+It is also the fallback by which a worker learns of cancel requests (see ``coord.cancel``): each
 heartbeat reports the renewed rows that have one, and while the worker cannot LISTEN (``polling``
 says so: PgBouncer in transaction mode, ``--no-listen``, a LISTEN being made again) it reads the
 marks of the rows it holds every ``cancel_poll`` seconds, one primary-key read of those rows.
@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
+from .. import store
 from ..coord import cancel as _cancel
 from ..db.connect import OwnConnection
 from ..db.sql import Queries
-from ..store import transitions as tr
 
 log = logging.getLogger("worker")
 
@@ -159,9 +159,9 @@ class LeaseKeeper:
     def _beat(self) -> bool:
         pairs = list(self._leased())
         try:
-            beat = tr.heartbeat(
+            beat = store.heartbeat(
                 self._conn.get(),
-                self.q,
+                self.q.schema,
                 worker_id=self.worker_id,
                 tasks=pairs,
                 lease_seconds=self.lease_seconds,

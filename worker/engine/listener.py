@@ -1,12 +1,11 @@
 """The listener: a thread with a connection of its own that turns NOTIFY into wake-ups.
 
-Only behind PgBouncer in transaction mode, where LISTEN needs a direct connection
-(``listen_dsn``); otherwise the main loop listens on its claim connection (``_inbox``), and
-without either a worker polls. It listens on one or more channels, each with its own callback
-(new rows, and cancel requests: see ``_cancel``). After a (re)connection it calls every callback
-once with None, since notifications may have been sent while nobody listened; ``connected``
-says whether LISTEN is in place right now, so that others can poll while it is not.
-"""
+Only behind PgBouncer in transaction mode, where LISTEN needs a direct connection (``listen_dsn``);
+otherwise the main loop listens on its claim connection (``engine.inbox``), and without either a
+worker polls. It listens on one or more channels, each with its own callback (new rows, and cancel
+requests: see ``coord.cancel``). After a (re)connection it calls every callback once with None,
+since notifications may have been sent while nobody listened; ``connected`` says whether LISTEN is
+in place right now, so that others can poll while it is not."""
 
 from __future__ import annotations
 

@@ -4,20 +4,19 @@ Four kinds of thread, each with one job and its own connection, so none can dela
 
 * the main thread (this module) claims and acknowledges: one transaction per batch that
   acknowledges the finished jobs and claims the next rows, and nothing else. Its connection
-  also LISTENs, and the loop sleeps on that socket and on what the others report (``_inbox``);
-* runner threads (``_executor``) run handlers and report outcomes as plain values;
-* the lease keeper (``_lease``) renews the leases of every job the process holds, and reads
-  cancel requests when no listener can hear them;
-* maintenance (``_maintenance``) rescues expired rows, purges old ones and enqueues cron slots.
+  also LISTENs, and the loop sleeps on that socket and on what the others report (``engine.inbox``);
+* runner threads (``engine.runners``) run handlers and report outcomes as plain values;
+* the lease keeper (``engine.lease``) renews the leases of every job the process holds, and reads
+cancel requests when no listener can hear them; * maintenance (``engine.maintenance``) rescues
+expired rows, purges old ones and enqueues cron slots.
 
-Each job is a small state machine (``_job``). A graceful stop acknowledges finished jobs as they
-arrive, keeps renewing the running ones through the grace period, then hands back the rest.
+Each job is a small state machine (``engine.job``). A graceful stop acknowledges finished jobs as
+they arrive, keeps renewing the running ones through the grace period, then hands back the rest.
 
 Over 500 lines on purpose: the loop, its batches and its stop are one piece because they are the
 only code that moves jobs between states (the rule that keeps the other threads lock-free); what
-could stand apart did: _job, _batch, _executor, _lease, _maintenance, _listener, _settings,
-_cancel, _inbox.
-"""
+could stand apart did: engine.job, engine.batch, engine.runners, engine.lease, engine.maintenance,
+engine.listener, engine.settings, coord.cancel, engine.inbox."""
 
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from .. import store
 from ..coord import cancel as _cancel
 from ..coord.cron import make_ticker
 from ..db.connect import OwnConnection
@@ -42,7 +42,6 @@ from ..db.migrate import require_schema
 from ..db.sql import cancel_channel, notify_channel, queries
 from ..errors import Cancelled, LostLease, PayloadError
 from ..hooks import Hooks
-from ..store import transitions as tr
 from ..tasks import limits as flow
 from ..tasks import results
 from ..tasks.payload import from_json
@@ -91,7 +90,7 @@ class Worker:
         self._routes = {
             name: d.queue for name in self.registry.names() if (d := self.registry.get(name))
         }
-        # For rows whose producer left max_attempts to the handler (see tr.claim).
+        # For rows whose producer left max_attempts to the handler (see store.claim).
         self._max_attempts = {
             name: d.max_attempts for name in self.registry.names() if (d := self.registry.get(name))
         }
@@ -210,7 +209,7 @@ class Worker:
 
     def _listen(self, conn: psycopg.Connection) -> None:
         """The main thread's connection was made: LISTEN on it. If it breaks while the loop
-        sleeps, claim at once, which connects again (see _inbox)."""
+        sleeps, claim at once, which connects again (see engine.inbox)."""
         lost = ("notify", None)
         self._events.listen(conn, self._channels, on_lost=lambda: self._events.put(lost))
 
@@ -247,6 +246,7 @@ class Worker:
                     "task_queues": list(self._routes.values()),
                 },
             )
+            store.wake_handed_back(conn, cfg.schema, list(self._routes))
             services: list[Any] = [self.executor, self.lease, self.maintenance]
             if self.listener is not None:
                 services.append(self.listener)
@@ -329,8 +329,8 @@ class Worker:
                     str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
                     backoff,
                 )
-                # Retrying is not stuck: tell the supervisor so (see _supervisor), or an outage
-                # longer than its stuck limit gets every worker process killed.
+                # Retrying is not stuck: tell the supervisor so (see engine.supervisor), or an
+                # outage longer than its stuck limit gets every worker process killed.
                 self._touch(time.monotonic(), force=True)
                 self._stop.wait(backoff)
             except psycopg.Error as exc:
@@ -389,7 +389,7 @@ class Worker:
 
     def _collect(self, *, block: bool, timeout: float, busy: bool = False) -> None:
         """Take what the other threads reported; block for the first report when idle.
-        ``busy``: no claim could follow a notification now (see _inbox)."""
+        ``busy``: no claim could follow a notification now (see engine.inbox)."""
         try:
             item = self._events.get(timeout, busy=busy) if block else self._events.get_nowait()
         except queue_mod.Empty:
@@ -483,7 +483,7 @@ class Worker:
 
     def _cancel_notified(self, payload: str | None) -> None:
         """A notification on the cancel channel (on the main thread, or the listener's). Every
-        id goes to the loop, which skips those it does not hold (see _cancel): filtering here
+        id goes to the loop, which skips those it does not hold (see coord.cancel): filtering here
         could drop a task the loop has claimed and not yet recorded (the listener's thread races
         the loop's dispatch), and its cancel would wait for a heartbeat."""
         ids = _cancel.parse_payload(payload)
@@ -523,7 +523,7 @@ class Worker:
     @contextlib.contextmanager
     def counted(self, conn: psycopg.Connection) -> Iterator[None]:
         """A transaction whose events the hooks hear inside it, so that an observer can tie what
-        it counts to the commit (see _hooks.Hooks.begin). One at a time per process: the main
+        it counts to the commit (see worker.hooks.Hooks.begin). One at a time per process: the main
         thread's claims and the maintenance thread's rescues take turns at the hooks."""
         hooks = self.hooks
         with self._hooks_lock:
@@ -546,7 +546,7 @@ class Worker:
             self._claim(claim=False)
 
     def _claim(self, *, claim: bool = True) -> tuple[int, bool]:
-        """Acknowledge what is pending and fill free slots, in one transaction (see _batch).
+        """Acknowledge what is pending and fill free slots, in one transaction (see engine.batch).
 
         If anything fails, both roll back together: the finished jobs stay pending and the rows
         we tried to claim stay queued. Returns how many rows were claimed and whether a queue
@@ -606,7 +606,7 @@ class Worker:
         if cancelled:
             self.hooks.acked(self, "cancelled", cancelled)
 
-    def _dispatch(self, rows: list[tr.Claimed]) -> None:
+    def _dispatch(self, rows: list[store.Claimed]) -> None:
         now = time.monotonic()
         ready: list[Job] = []
         for c in rows:
@@ -653,12 +653,12 @@ class Worker:
 
     def _probe(self, conn: psycopg.Connection) -> None:
         """On the maintenance thread: queues with rows committed behind the claim's cursor."""
-        names = tr.behind(conn, self.q, self.batcher.cursor)
+        names = store.behind(conn, self.q.schema, self.batcher.cursor)
         if names:
             self._events.put(("behind", names))
 
         if not self.batcher.polls_all:
-            due = tr.due_queues(conn, self.q, self.queues)
+            due = store.due_queues(conn, self.q.schema, self.queues)
             if due:
                 self._events.put(("due", due))
 
@@ -718,7 +718,7 @@ class Worker:
                 conn = self._conn.get()
                 self._flush()
                 if back:
-                    returned = tr.release(conn, self.q, worker_id=self.id, tasks=back)
+                    returned = store.release(conn, self.q.schema, worker_id=self.id, tasks=back)
                     log.warning("handed back %d unfinished task(s)", len(returned))
                     back = []
                 conn.execute(self.q["unregister"], {"worker_id": self.id})
@@ -756,11 +756,13 @@ class Worker:
                 # handler's writes with the completion.
                 text = results.encode_result(value, self.config.max_result_bytes)
                 row = [(c.id, c.attempt, text)]
-                kept = results.complete_with_result(conn, self.q, worker_id=self.id, done=row)
+                kept = store.complete_with_result(conn, self.q.schema, worker_id=self.id, done=row)
                 if kept:
-                    results.notify_done(conn, self.q, channel=self._done_channel, ids=kept)
+                    store.notify_done(conn, self.q.schema, channel=self._done_channel, ids=kept)
             else:
-                kept = tr.complete(conn, self.q, worker_id=self.id, done=[(c.id, c.attempt)])
+                kept = store.complete(
+                    conn, self.q.schema, worker_id=self.id, done=[(c.id, c.attempt)]
+                )
             if c.id not in kept:
                 raise LostLease(
                     f"task {c.id} was rescued while its handler ran; its writes are rolled back"

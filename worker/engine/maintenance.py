@@ -22,10 +22,10 @@ from datetime import datetime, timedelta
 
 import psycopg
 
+from .. import store
 from ..coord.cron import Ticker
 from ..db.connect import OwnConnection
 from ..db.sql import Queries
-from ..store import transitions as tr
 from .vacuum import Vacuumer
 
 log = logging.getLogger("worker")
@@ -189,7 +189,9 @@ class Maintenance:
         since = None if full else self._rescue_floor
         while True:
             with self._counted(conn):
-                rows = tr.rescue(conn, self.q, limit=self.config.rescue_batch, since=since)
+                rows = store.rescue(
+                    conn, self.q.schema, limit=self.config.rescue_batch, since=since
+                )
                 if rows:
                     self._on_rescued(rows)
             if rows:
@@ -210,9 +212,9 @@ class Maintenance:
         total = 0
         conn = self._conn.get()
         for _ in range(cfg.purge_rounds):
-            n = tr.purge(
+            n = store.purge(
                 conn,
-                self.q,
+                self.q.schema,
                 done_seconds=cfg.keep_done_seconds,
                 failed_seconds=cfg.keep_failed_seconds,
                 cron_keep_seconds=cfg.cron_keep_seconds,

@@ -11,7 +11,7 @@ retired runner finishes its job, reports it, and exits. Async handlers are cance
 timeout by ``asyncio.wait_for``; one that ignores cancellation (it blocks its loop) is retired
 like a stuck sync handler.
 
-A cancel request (see ``_cancel``) reaches a handler the same ways: an async handler's task is
+A cancel request (see ``coord.cancel``) reaches a handler the same ways: an async handler's task is
 cancelled (``cancel``, called by the main thread), a sync one sees ``ctx.cancelled`` and
 ``ctx.check()`` raises ``Cancelled``. A job cancelled before a runner took it never starts.
 """
@@ -38,12 +38,12 @@ log = logging.getLogger("worker")
 # Runs a transactional handler in the transaction that completes its row (see Worker).
 TransactionalRun = Callable[[Job], None]
 MakeContext = Callable[[Job], Context]
-# Whether a handler's return value is stored (see _results), decided by the worker's settings.
+# Whether a handler's return value is stored (see tasks.results), decided by the worker's settings.
 StoresResult = Callable[[TaskDef], bool]
 
 
 class Reports(Protocol):
-    """Where runners report to the main thread (``_inbox.Inbox``)."""
+    """Where runners report to the main thread (``engine.inbox.Inbox``)."""
 
     def put(self, item: Any) -> None: ...
 
@@ -185,7 +185,7 @@ class Executor:
         start = time.perf_counter()
         outcome = Outcome(job.token, ok=True)
         payload = job.payload  # decoded by the main thread at dispatch (see Worker._dispatch)
-        # Run observers (tracing, see _hooks) cost one truth test here and one below when none
+        # Run observers (tracing, see worker.hooks) cost one truth test here and one below when none
         # is registered.
         observed = _hooks.start_runs(job) if _hooks.runs else None
         failure: BaseException | None = None

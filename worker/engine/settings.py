@@ -29,7 +29,7 @@ class WorkerConfig:
     prepare: bool = True
     burst: bool = False  # stop once nothing is due and nothing is in flight
     worker_id: str | None = None  # default: $WORKER_ID (set by a supervisor), else a new uuid
-    # Store every handler's return value (a handler's own store_result wins; see _results), up
+    # Store every handler's return value (a handler's own store_result wins; see tasks.results), up
     # to max_result_bytes of JSON each. Storing needs keep_done_seconds > 0.
     store_results: bool = False
     max_result_bytes: int = 64 * 1024

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import psycopg
 
-from ..db.sql import queries
-from ..store import transitions as tr
+from .. import store
 from .job import display
 
 log = logging.getLogger("worker.supervisor")
@@ -241,7 +240,7 @@ class Supervisor:
 
     def _hand_back(self, child: _Child, pid: int, code: int, *, stuck: bool = False) -> None:
         """A child died: put its running rows back now, with an error that says so, instead of
-        leaving them to lapse (see tr.worker_died). In the background: it may wait for the
+        leaving them to lapse (see store.worker_died). In the background: it may wait for the
         database, and the rows' leases are the fallback anyway."""
         if not self.dsn or not child.worker_id:
             return
@@ -259,7 +258,7 @@ class Supervisor:
     def _worker_died(self, dsn: str, schema: str, worker_id: str, error: str) -> None:
         try:
             with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-                rows = tr.worker_died(conn, queries(schema), worker_id=worker_id, error=error)
+                rows = store.worker_died(conn, schema, worker_id=worker_id, error=error)
         except psycopg.Error as exc:
             log.warning(
                 "could not hand back a dead worker's tasks (%s); their leases will lapse", exc

@@ -23,7 +23,7 @@ from ..db.sql import Queries
 
 log = logging.getLogger("worker")
 
-# Advisory lock class for "vacuuming this schema's task table" (see _migrate for the scheme).
+# Advisory lock class for "vacuuming this schema's task table" (see db.migrate for the scheme).
 VACUUM_LOCK_CLASS = 0x776B7202 - 2**31
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -30,6 +31,9 @@ from ..tasks import limits as _limits
 from ..tasks.limits import QueueLimits
 from .bounds import ERROR_CHARS, QUEUES_PER_PAGE, ROWS_SHOWN, QueueRow
 from .doctor import checkup as doctor
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 log = logging.getLogger("worker.metrics")
 
@@ -65,7 +69,7 @@ class Snapshot:
     # The queues past the scan limit, summed (queue is the last name scanned), or None when the
     # scan saw every queue.
     rest: QueueRow | None = None
-    # Queues nobody serves and tasks nobody has a handler for (see _admin.Routing).
+    # Queues nobody serves and tasks nobody has a handler for (see ops.status.Routing).
     routing: Routing = field(default_factory=lambda: Routing([], [], 0))
     duration: float = 0.0
     error: str | None = None
@@ -140,7 +144,7 @@ class Database:
         self.alive_seconds = alive_seconds
         self.connect_timeout = connect_timeout
         self.statement_timeout_ms = statement_timeout_ms
-        self.q = queries(schema)
+        self.q = queries(schema, SQL_DIR)
         self.expected_version = latest_version()
         self._conn: psycopg.Connection | None = None
         self._lock = threading.Lock()

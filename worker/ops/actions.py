@@ -1,10 +1,11 @@
-"""The operator console's actions on tasks (retry, cancel, delete; one task or many by id) and the
-record of every action taken (``record``, into schema/0009's ``console_audit``).
+"""Operator actions on tasks named by id: retry, cancel and delete, one task (the CLI's
+``worker retry ID``) or many (the console's selections), and the console's entry in the record
+of actions.
 
-State changes go through ``_transitions`` (cancelling: ``_cancel``) like every other; deleting a
-row is not a change of state, so its statement is here. Each statement re-checks the state of
-every row it touches, so ids listed a moment ago that have moved on since are left alone (and not
-counted).
+Every change goes through the store: a retry through its one retry (``requeue``, whose dedupe
+check leaves a task alone while a live task holds its key), a cancel through ``cancel_tasks``, a
+delete through ``delete_tasks``. Each statement re-checks the state of every row it touches, so
+ids listed a moment ago that have moved on since are left alone (and not counted).
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ from typing import Any
 
 import psycopg
 
-from ..coord import cancel as _cancel
-from ..db.sql import notify_channel, queries
-from ..store import transitions as tr
+from .. import store
+from ..coord.cancel import Cancellation, cancel_many
+from .audit import recent_actions, record_action
 
 MAX_IDS = 10_000  # ids per action: the console acts on at most this many rows per request
-ACTOR_CHARS = 200
-ADDRESS_CHARS = 100
 
 
 @dataclass(frozen=True)
@@ -40,37 +39,31 @@ def _ids(ids: list[int]) -> list[int]:
 
 def retry(conn: psycopg.Connection, schema: str, ids: list[int]) -> Outcome:
     """Failed or cancelled tasks among ``ids`` back to queued with fresh attempts; those whose
-    dedupe key a live task holds stay failed (``skipped``)."""
-    q = queries(schema)
-    for attempt in range(3):
-        try:
-            with conn.transaction():  # a savepoint when the caller has a transaction open
-                requeued, skipped = tr.retry_tasks(
-                    conn, q, ids=_ids(ids), channel=notify_channel(schema)
-                )
-            return Outcome(requeued, skipped)
-        except psycopg.errors.UniqueViolation:
-            # A producer took a key between the check and the update: the statement runs again
-            # and then sees that task.
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    dedupe key a live task holds stay as they are (``skipped``)."""
+    done = store.requeue(conn, schema, _ids(ids))
+    return Outcome(len(done.requeued), len(done.skipped))
 
 
 def cancel(conn: psycopg.Connection, schema: str, ids: list[int], *, by: str) -> Outcome:
     """Tasks among ``ids`` that have not started (scheduled or queued) to cancelled, and running
     ones marked for their workers to stop (``requested``; they end cancelled), for ``by``."""
-    done = _cancel.cancel_tasks(conn, queries(schema), ids=_ids(ids), by=by[:ACTOR_CHARS])
+    done = cancel_many(conn, schema, _ids(ids), by=by)
     requested = sum(1 for c in done if c.outcome == "requested")
     # A task asked to stop before (its first request stands) is counted again here: the console
     # says "requested" for it all the same.
     return Outcome(requested + sum(1 for c in done if c.outcome == "cancelled"), 0, requested)
 
 
+def cancel_one(
+    conn: psycopg.Connection, schema: str, task_id: int, *, by: str | None = None
+) -> Cancellation:
+    """Cancel one task whatever its state (a running one: its worker is asked to stop it)."""
+    return cancel_many(conn, schema, [task_id], by=by)[0]
+
+
 def delete(conn: psycopg.Connection, schema: str, ids: list[int]) -> Outcome:
     """Delete the tasks among ``ids`` that no worker is running."""
-    row = conn.execute(queries(schema)["delete_tasks"], {"ids": _ids(ids)}).fetchone()
-    return Outcome(int(row[0]) if row else 0)
+    return Outcome(store.delete_tasks(conn, schema, _ids(ids)))
 
 
 def record(
@@ -83,23 +76,43 @@ def record(
     target: Mapping[str, Any],
     affected: int,
 ) -> None:
-    """Write one console action to the audit table. The one place the console's audit is written:
-    to move it to another table, change this function."""
-    conn.execute(
-        queries(schema)["console_audit_insert"],
-        {
-            "actor": actor[:ACTOR_CHARS],
-            "address": address[:ADDRESS_CHARS],
-            "action": action,
-            "target": json.dumps(dict(target), default=str),
-            "affected": affected,
-        },
+    """Write one console action to the record of actions, on the caller's connection (so it
+    commits with the action)."""
+    record_action(
+        conn,
+        schema,
+        actor=actor,
+        action=action,
+        filter=json.loads(json.dumps(dict(target), default=str)),
+        counts={"changed": affected},
+        source="console",
+        address=address,
     )
 
 
 def recent(conn: psycopg.Connection, schema: str, *, limit: int = 20) -> list[tuple[Any, ...]]:
-    """The newest actions: (id, at, actor, address, action, target, affected)."""
-    return conn.execute(queries(schema)["console_audit_recent"], {"limit": limit}).fetchall()
+    """The newest actions, from any source: (id, at, actor, address, action, target, changed)."""
+    return [
+        (
+            r["id"],
+            r["at"],
+            r["actor"],
+            r["address"] or r["source"],
+            r["action"],
+            r["filter"],
+            (r["counts"] or {}).get("changed", 0),
+        )
+        for r in recent_actions(conn, schema, limit)
+    ]
 
 
-__all__ = ["MAX_IDS", "Outcome", "cancel", "delete", "recent", "record", "retry"]
+__all__ = [
+    "MAX_IDS",
+    "Outcome",
+    "cancel",
+    "cancel_one",
+    "delete",
+    "recent",
+    "record",
+    "retry",
+]

@@ -1,10 +1,10 @@
-"""Bulk retry, cancel and delete by filter, and the record of operator actions (issue 12).
+"""Bulk retry, cancel and delete by filter.
 
-The logic lives in the database (schema/0008): ``bulk_step`` does one batch of one state, walking
-that state's index from where the previous batch stopped, so that each batch is a short
+The logic lives in the database (schema/0008, 0016): ``bulk_step`` does one batch of one state,
+walking that state's index from where the previous batch stopped, so that each batch is a short
 transaction of its own whatever the number of rows, and psql runs the very same code through
-``CALL worker.bulk(...)``. This module walks the batches (each write through
-``_transitions.bulk_step``), adds up what they did, and records who did it in ``actions``.
+``CALL worker.bulk(...)``. This module walks the batches (each through the store's
+``bulk_step``), adds up what they did, and records who did it (``audit``).
 
 What each action does, and to which states (the first of each list is its default when the
 filter names no state):
@@ -21,9 +21,7 @@ are wildcards unless escaped with a backslash (``like_escape`` escapes a literal
 from __future__ import annotations
 
 import contextlib
-import getpass
 import math
-import socket
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,10 +30,10 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from .. import store
 from ..db.connect import Target, borrow
-from ..db.dsn import scrub
 from ..db.sql import execute, queries
-from ..store import transitions as tr
+from .audit import ACTOR_CHARS, clean, finish_action, record_action
 
 # Allowed states per action, the default ones first (schema/0008, bulk_states, says the same;
 # tests/test_bulk.py checks that they agree).
@@ -55,7 +53,6 @@ MAX_IDS = 100_000
 EXAMPLES = 5  # matched tasks shown by a dry run
 SKIPPED_SHOWN = 20  # ids of skipped tasks kept for the report
 RUNNING_CAP = 100_000  # running tasks counted at most
-ACTOR_CHARS = 200
 FILTER_IDS_KEPT = 1_000  # ids written into the record of an action; the count says how many
 
 
@@ -223,7 +220,7 @@ def apply(
     (``finished_at`` NULL). Give a connection outside any transaction (or a pool or a DSN): in a
     caller's open transaction every batch would commit with it, as one."""
     out = _start(action, flt, dry_run=False, batch=batch)
-    out.actor = _clean(actor)[:ACTOR_CHARS] or "unknown"
+    out.actor = clean(actor)[:ACTOR_CHARS] or "unknown"
     with borrow(target) as conn:
         out.action_id = record_action(
             conn,
@@ -262,14 +259,13 @@ def _walk(
     *,
     keep: int,
 ) -> None:
-    q = queries(schema)
     filter_json = flt.as_json()
     for walk in walks(out.states):
         cursor: Any = None
         while True:
-            step = tr.bulk_step(
+            step = store.bulk_step(
                 conn,
-                q,
+                schema,
                 action=out.action,
                 states=walk,
                 filter=filter_json,
@@ -288,6 +284,33 @@ def _walk(
             if step.cursor is None:
                 break
             cursor = step.cursor
+
+
+@dataclass
+class Retried:
+    """What ``retry_failed`` did."""
+
+    requeued: int = 0
+    skipped: int = 0  # their dedupe key is held by a scheduled, queued or running task
+    skipped_ids: list[int] = field(default_factory=list)  # the first SKIPPED_SHOWN of them
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requeued": self.requeued,
+            "skipped": {"dedupe_key_taken": self.skipped},
+            "skipped_ids": self.skipped_ids,
+        }
+
+
+def retry_failed(
+    conn: psycopg.Connection, schema: str, queue: str | None = None, *, batch: int = 1_000
+) -> Retried:
+    """Every task that failed before now (of ``queue``, or all) back to queued, ``batch`` rows per
+    transaction, oldest failure first: a bulk retry of the failed state. A task whose dedupe key
+    is taken stays failed and is counted in ``skipped``; the others are retried all the same."""
+    out = _start("retry", Filter(queue=queue, states=("failed",)), dry_run=False, batch=batch)
+    _walk(conn, schema, out, Filter(queue=queue, states=("failed",)), batch, None, keep=0)
+    return Retried(out.changed, out.skipped_dedupe, out.skipped_dedupe_ids)
 
 
 def walks(states: Iterable[str]) -> list[list[str]]:
@@ -325,82 +348,6 @@ def _recorded_filter(flt: Filter) -> dict[str, Any]:
     if ids and len(ids) > FILTER_IDS_KEPT:
         data["ids"], data["ids_total"] = ids[:FILTER_IDS_KEPT], len(ids)
     return data
-
-
-# -- the record of operator actions ----------------------------------------------------------------
-
-
-def _clean(value: Any) -> Any:
-    """Strings without passwords (a DSN pasted into a filter or an actor stays out of the
-    record), however deep in a filter they sit."""
-    if isinstance(value, str):
-        return scrub(value)
-    if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    return value
-
-
-def default_actor() -> str:
-    """Who runs this process, as the record of actions names a person at a terminal:
-    ``user@host`` (the OS user, never a database credential)."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname() or 'unknown'}"[:ACTOR_CHARS]
-
-
-def record_action(
-    target: Target,
-    schema: str,
-    *,
-    actor: str,
-    action: str,
-    filter: dict[str, Any] | None = None,
-    counts: dict[str, Any] | None = None,
-    source: str = "",
-    finished: bool = True,
-) -> int:
-    """Add a row to the record of operator actions (``<schema>.actions``) and return its id: who
-    (``actor``, cut to 200 characters), what (``action``), on which tasks (``filter``: any JSON
-    object, e.g. ``{"ids": [42]}`` or ``{"queue": "mail"}``), how many (``counts``, e.g.
-    ``{"changed": 1}``) and from where (``source``: "cli", "console 10.0.0.7", ...). Passwords
-    are scrubbed from every string. ``finished=False`` for an action that reports its counts
-    later (``finish_action``)."""
-    with borrow(target) as conn:
-        rows = execute(
-            conn,
-            queries(schema)["action_record"],
-            {
-                "actor": _clean(actor)[:ACTOR_CHARS] or "unknown",
-                "action": _clean(action)[:100],
-                "filter": Jsonb(_clean(filter or {})),
-                "counts": Jsonb(_clean(counts or {})),
-                "source": _clean(source)[:200],
-                "finished": finished,
-            },
-        )
-    return int(rows[0][0])
-
-
-def finish_action(
-    target: Target, schema: str, action_id: int, counts: dict[str, Any], *, finished: bool = True
-) -> None:
-    """Set the counts of a recorded action, and mark it finished (or interrupted: False)."""
-    with borrow(target) as conn:
-        execute(
-            conn,
-            queries(schema)["action_finish"],
-            {"id": action_id, "counts": Jsonb(_clean(counts)), "finished": finished},
-        )
-
-
-def recent_actions(target: Target, schema: str, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest recorded actions, newest first."""
-    with borrow(target) as conn, conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(queries(schema)["actions_recent"], {"limit": limit}).fetchall()
 
 
 def describe(flt: Filter, states: Iterable[str]) -> str:

@@ -3,23 +3,20 @@ the metrics collector.
 
 Every view is bounded on a table of any size (see queries/admin.sql): counts stop at a cap, and
 where one does, the planner's estimate is shown beside it. Single-row actions are in
-``_transitions``, with every other change of a task's state; ``retry_failed`` walks the batches
-of ``tr.retry_failed_batch`` here, because it reports what it skipped.
+``the store``, with every other change of a task's state; ``retry_failed`` walks the batches
+of ``store.retry_failed_batch`` here, because it reports what it skipped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from ..coord import cancel as _cancel
-from ..db.sql import notify_channel, queries
-from ..store import transitions as tr
+from ..db.sql import queries
 
 STATES = ("scheduled", "queued", "in_progress", "done", "failed", "cancelled")
 
@@ -34,8 +31,6 @@ MAX_TASKS = 1_000  # task names read from the handed-back index at most
 SAMPLE = 200  # queued rows per queue looked at for tasks no live worker has a handler for
 SAMPLED_QUEUES = 100  # queues sampled so at most
 ADVICE_LINES = 10  # routing problems named one by one; the rest are counted
-RETRY_BATCH = 1_000  # failed rows per `retry --failed` statement
-SKIPPED_SHOWN = 20  # ids of skipped rows kept for the report
 MAX_ESTIMATES = 500  # (queue, state) pairs planned for an estimate at most
 
 
@@ -327,77 +322,6 @@ def _queue_statuses(
         for e in by_queue.values():
             e.capped += ["done", "cancelled"]
     return sorted(by_queue.values(), key=lambda s: s.queue)
-
-
-# -- actions ---------------------------------------------------------------------------------------
-
-
-def retry(conn: psycopg.Connection, schema: str, task_id: int) -> bool:
-    return tr.retry_task(conn, queries(schema), task_id=task_id, channel=notify_channel(schema))
-
-
-@dataclass
-class Retried:
-    requeued: int = 0
-    skipped: int = 0  # their dedupe key is held by a scheduled, queued or running task
-    skipped_ids: list[int] = field(default_factory=list)  # the first SKIPPED_SHOWN of them
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requeued": self.requeued,
-            "skipped": {"dedupe_key_taken": self.skipped},
-            "skipped_ids": self.skipped_ids,
-        }
-
-
-def retry_failed(
-    conn: psycopg.Connection, schema: str, queue: str | None = None, *, batch: int = RETRY_BATCH
-) -> Retried:
-    """Every task that failed before now (of ``queue``, or all) back to queued, ``batch`` rows per
-    statement, oldest failure first. A task whose dedupe key is taken stays failed and is counted
-    in ``skipped``; the others are retried all the same."""
-    q = queries(schema)
-    row = conn.execute(q["db_now"]).fetchone()
-    assert row is not None
-    params: dict[str, Any] = {
-        "queue": queue,
-        "before": row[0],
-        "after_at": datetime(1, 1, 1, tzinfo=UTC),
-        "after_id": 0,
-        "after_undated_id": 0,
-        "limit": batch,
-    }
-    done = Retried()
-    while True:
-        for attempt in range(3):
-            try:
-                row = tr.retry_failed_batch(conn, q, params)
-                break
-            except psycopg.errors.UniqueViolation:
-                # A producer took a key between the check and the update: the batch runs again
-                # and sees that task.
-                if attempt == 2:
-                    raise
-        assert row is not None
-        seen, requeued, skipped, last_at, last_id, last_undated = row
-        if not seen:
-            return done
-        if last_at is not None:
-            params["after_at"], params["after_id"] = last_at, last_id
-        if last_undated is not None:
-            params["after_undated_id"] = last_undated
-        done.requeued += requeued
-        done.skipped += len(skipped)
-        done.skipped_ids += skipped[: SKIPPED_SHOWN - len(done.skipped_ids)]
-        if requeued:
-            conn.execute(q["wake"], {"channel": notify_channel(schema)})
-
-
-def cancel(
-    conn: psycopg.Connection, schema: str, task_id: int, *, by: str | None = None
-) -> _cancel.Cancellation:
-    """Cancel one task whatever its state (a running one: its worker is asked to stop it)."""
-    return _cancel.cancel_tasks(conn, queries(schema), ids=[task_id], by=by)[0]
 
 
 def get_task(conn: psycopg.Connection, schema: str, task_id: int) -> dict[str, Any] | None:

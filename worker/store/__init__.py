@@ -1,6 +1,90 @@
 """The store: every statement that changes a task row, and nothing else.
 
 A task row changes in one place: the functions of this room (and the SQL functions they call).
-Claims, acknowledgements, rescue and retention, enqueue, operator retries, cancels and deletes
-all go through here, each fenced where it must be. ``tests/test_store.py`` fails when a statement
-that writes the task table runs from anywhere else."""
+They are listed here in the order a task travels: inserted (``inserts``), promoted and claimed
+(``claims``), acknowledged or renewed (``acks``), rescued or purged (``recovery``), and acted on
+by operators (``operator``). Each module runs the statements of the ``.sql`` file of the same
+name beside it; those statements are loaded apart from the rest (``statements``), so no other room
+can run one by name, and ``tests/test_store.py`` fails when a statement that writes the task
+table runs from anywhere else.
+
+Every function takes a connection and the schema, runs one statement for a whole batch, and
+fences on (worker id, attempt) where a worker moves rows it holds.
+"""
+
+from .acks import (
+    ERROR_HISTORY,
+    ERROR_HISTORY_CHARS,
+    HISTORY,
+    Beat,
+    Failure,
+    complete,
+    complete_with_result,
+    fail,
+    hand_back,
+    heartbeat,
+    notify_done,
+    release,
+)
+from .claims import (
+    ClaimCursor,
+    Claimed,
+    HandlerLimits,
+    LimitedClaim,
+    Promoted,
+    behind,
+    claim,
+    claim_limited,
+    due_queues,
+    explain_claim,
+    make_due,
+    parse_notification,
+    promote,
+    wake_handed_back,
+)
+from .inserts import copy, cron_slots, delayed_until, insert, insert_async
+from .operator import BulkStep, Requeued, bulk_step, cancel_tasks, delete_tasks, requeue
+from .recovery import purge, rescue, worker_died
+
+__all__ = [
+    "ERROR_HISTORY",
+    "ERROR_HISTORY_CHARS",
+    "HISTORY",
+    "Beat",
+    "BulkStep",
+    "ClaimCursor",
+    "Claimed",
+    "Failure",
+    "HandlerLimits",
+    "LimitedClaim",
+    "Promoted",
+    "Requeued",
+    "behind",
+    "bulk_step",
+    "cancel_tasks",
+    "claim",
+    "claim_limited",
+    "complete",
+    "complete_with_result",
+    "copy",
+    "cron_slots",
+    "delayed_until",
+    "delete_tasks",
+    "due_queues",
+    "explain_claim",
+    "fail",
+    "hand_back",
+    "heartbeat",
+    "insert",
+    "insert_async",
+    "make_due",
+    "notify_done",
+    "parse_notification",
+    "promote",
+    "purge",
+    "release",
+    "requeue",
+    "rescue",
+    "wake_handed_back",
+    "worker_died",
+]

@@ -13,8 +13,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from .. import hooks as _hooks
+from .. import store
 from ..db.connect import Target, borrow
-from ..db.sql import queries
 from .limits import key_of
 from .payload import to_json
 from .registry import TaskDef, registry
@@ -29,7 +29,7 @@ def _resolve(task: str | TaskDef) -> tuple[str, TaskDef | None]:
 
 def _check_payload(task: str, definition: TaskDef | None, payload: Any) -> Any:
     """The payload as the row stores it: validated and serialised when the task has a model
-    (see _payload), then checked to be JSON."""
+    (see tasks.payload), then checked to be JSON."""
     payload = to_json(task, payload, None if definition is None else definition.payload)
     try:
         json.dumps(payload)
@@ -95,7 +95,7 @@ def _enqueue_params(
         "priority": priority,
         "max_attempts": _check_max_attempts(max_attempts),
         "dedupe_key": dedupe_key,
-        "trace_context": None,  # set by a producer observer (see _hooks.producers)
+        "trace_context": None,  # set by a producer observer (see worker.hooks.producers)
         "limit_key": _key(definition, payload, stored, limit_key),
     }
 
@@ -112,11 +112,6 @@ def _key(definition: TaskDef | None, payload: Any, stored: Any, given: str | Non
         return key_of(lambda _: given, None)
     spec = None if definition is None else definition.limit_key
     return key_of(spec, payload if callable(spec) else stored)
-
-
-def _statement(schema: str, params: dict[str, Any]) -> Any:
-    """A keyed task goes through enqueue_keyed (schema/0014), the others as before."""
-    return queries(schema)["enqueue" if params["limit_key"] is None else "enqueue_keyed"]
 
 
 def enqueue(
@@ -148,9 +143,7 @@ def enqueue(
 
 def _insert(target: Target, schema: str, params: dict[str, Any]) -> int:
     with borrow(target) as conn:
-        row = conn.execute(_statement(schema, params), params).fetchone()
-    assert row is not None
-    return int(row[0])
+        return store.insert(conn, schema, params)
 
 
 async def enqueue_async(
@@ -184,13 +177,8 @@ async def _insert_async(
 ) -> int:
     if isinstance(target, AsyncConnectionPool):
         async with target.connection() as conn:
-            cur = await conn.execute(_statement(schema, params), params)
-            row = await cur.fetchone()
-    else:
-        cur = await target.execute(_statement(schema, params), params)
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+            return await store.insert_async(conn, schema, params)
+    return await store.insert_async(target, schema, params)
 
 
 def enqueue_many(
@@ -245,26 +233,21 @@ def _copy(
     carrier: dict[str, str] | None,
 ) -> int:
     when, seconds = _when(run_at, delay)
-    q = queries(schema)
     row_tail: tuple[Any, ...] = (queue, priority, _check_max_attempts(max_attempts))
     # One transaction: the delay counts from the same now() as the rows' created_at.
     with borrow(target) as conn, conn.transaction(), conn.cursor() as cur:
         if seconds is not None:
-            found = cur.execute(q["delayed_until"], {"delay": seconds}).fetchone()
-            assert found is not None
-            when = found[0]
+            when = store.delayed_until(cur, schema, seconds)
+        # Without run_at the column's default applies: the database's now(), not this clock.
         if when is not None:
             row_tail += (when,)
-        # Without run_at the column's default applies: the database's now(), not this clock.
-        statement = q["enqueue_copy"] if when is None else q["enqueue_copy_at"]
         keyed = definition is not None and definition.limit_key is not None
         if keyed:  # a key per row (schema/0014), after the trace context (NULL when none)
             row_tail += (json.dumps(carrier) if carrier else None,)
-            statement = q["enqueue_copy_keyed" if when is None else "enqueue_copy_at_keyed"]
         elif carrier:  # every row carries the context of the one batch send (schema/0013)
             row_tail += (json.dumps(carrier),)
-            statement = q["enqueue_copy_traced" if when is None else "enqueue_copy_at_traced"]
-        with cur.copy(statement) as copy:
+        opened = store.copy(cur, schema, at=when is not None, traced=bool(carrier), keyed=keyed)
+        with opened as copy:
             count = _copy_rows(copy, name, definition, payloads, row_tail, keyed=keyed)
     return count
 

@@ -5,7 +5,7 @@ the fleet. Code declares them (``worker.limit(...)`` or ``@worker.task(limits=..
 worker writes its declarations when it starts; an operator changes them at run time (``worker
 limits set``, or ``set_queue_limit()`` in SQL), and code then leaves the operator's setting alone.
 
-The claim of a limited queue is ``claim_limited`` (schema/0014, called from _transitions); this
+The claim of a limited queue is ``claim_limited`` (schema/0014, called from the store); this
 module only declares, records and lists limits, and turns a task's payload into its key.
 """
 

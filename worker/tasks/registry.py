@@ -73,11 +73,11 @@ class TaskDef:
     transactional: bool = False
     is_async: bool = False
     wants_context: bool = False
-    # Store the handler's return value with its row (see _results); None: as the worker says
+    # Store the handler's return value with its row (see tasks.results); None: as the worker says
     # (WorkerConfig.store_results, off by default).
     store_result: bool | None = None
-    payload: type | None = None  # a dataclass or pydantic model: see _payload
-    # Per-key limits (see _limits): a payload field name or a function of the payload, applied
+    payload: type | None = None  # a dataclass or pydantic model: see tasks.payload
+    # Per-key limits (see tasks.limits): a payload field name or a function of the payload, applied
     # by the producer when it enqueues (Python); SQL producers write tasks.limit_key.
     limit_key: str | Callable[[Any], Any] | None = None
 
@@ -171,7 +171,8 @@ class Registry:
         rate: str | tuple[int, float] | None = None,
         key_rate: str | tuple[int, float] | None = None,
     ) -> Limits:
-        """Declare ``queue``'s fleet-wide limits (see _limits.Limits); a worker serving the queue
+        """Declare ``queue``'s fleet-wide limits (see tasks.limits.Limits); a worker serving the
+        queue
         records them when it starts, unless an operator has set the queue's limits."""
         if not queue:
             raise ValueError("queue must not be empty")

@@ -6,34 +6,28 @@ worker stores every handler's (``WorkerConfig.store_results``, ``worker run --st
 (``encode_result``): JSON that a ``jsonb`` column takes, at most ``max_result_bytes`` of it.
 Anything else fails the task at once with ``ResultTooLarge`` or ``ResultNotSerializable``.
 
-These are transitions like those of ``_transitions`` (which is long enough already): the rows
-with a result are marked done by ``complete_with_result``, in the same acknowledging transaction
-as ``complete`` and with the same fencing, and only when a batch holds such rows; so tasks that
-store nothing keep exactly the acknowledgement they had. The same transaction then notifies the
-channel ``<schema>.done`` with the ids, which is what wakes ``worker.wait`` (``_wait``). Tasks
-that store no result send no notification: a waiter finds them by polling.
+The store marks the rows with a result done (``worker.store.complete_with_result``), in the same
+acknowledging transaction as the others and with the same fencing, and only when a batch holds
+such rows; so tasks that store nothing keep exactly the acknowledgement they had. The same
+transaction then notifies the channel ``<schema>.done`` with the ids, which is what wakes
+``worker.wait``. Tasks that store no result send no notification: a waiter finds them by
+polling.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from ..db.sql import Queries, validate_schema_name
+from ..db.sql import validate_schema_name
 from ..errors import ConfigError, ResultNotSerializable, ResultTooLarge
-from ..store.transitions import PLAN_EACH, int_array
 from .registry import Registry, TaskDef
 
 if TYPE_CHECKING:
     from ..engine.settings import WorkerConfig
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024
-# pg_notify refuses payloads of 8,000 bytes or more; ids are sent in pieces below that.
-_NOTIFY_BYTES = 7900
 # A NUL escaped by json.dumps (\u0000 after an even number of backslashes): jsonb refuses it.
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -103,60 +97,10 @@ def encode_result(value: Any, limit: int = DEFAULT_MAX_RESULT_BYTES) -> str:
     return text
 
 
-def complete_with_result(
-    conn: psycopg.Connection,
-    q: Queries,
-    *,
-    worker_id: str,
-    done: Sequence[tuple[int, int, str]],
-) -> dict[int, str]:
-    """in_progress -> done, storing each row's result: (id, attempt, result JSON) each, fenced
-    as ``_transitions.complete`` (a row with a cancel request ends cancelled, without its
-    result). Returns {id: "done" | "cancelled"} for the rows that were still ours."""
-    if not done:
-        return {}
-    ids, attempts, results = zip(*done, strict=True)
-    rows = conn.execute(
-        q["complete_with_result"],
-        {
-            "ids": int_array(ids),
-            "attempts": int_array(attempts),
-            "results": list(results),
-            "worker_id": worker_id,
-        },
-        **PLAN_EACH,  # a batch joined by primary key (see _transitions.PLAN_EACH)
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
-def notify_done(conn: psycopg.Connection, q: Queries, *, channel: str, ids: Iterable[int]) -> None:
-    """Announce finished tasks on ``channel``, in as few notifications as fit (see notify_done
-    in queries/results.sql). Delivered when the caller's transaction commits."""
-    for payload in _pieces([str(int(i)) for i in ids]):
-        conn.execute(q["notify_done"], {"channel": channel, "ids": payload})
-
-
-def _pieces(ids: list[str]) -> list[str]:
-    out: list[str] = []
-    current: list[str] = []
-    size = 0
-    for text in ids:
-        if current and size + len(text) + 1 > _NOTIFY_BYTES:
-            out.append(",".join(current))
-            current, size = [], 0
-        current.append(text)
-        size += len(text) + 1
-    if current:
-        out.append(",".join(current))
-    return out
-
-
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
     "check_config",
-    "complete_with_result",
     "done_channel",
     "encode_result",
-    "notify_done",
     "stores",
 ]

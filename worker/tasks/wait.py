@@ -3,13 +3,13 @@
 A wait reads the task's row (``task_outcomes``) and returns its stored result when it is done, or
 raises ``TaskFailed``, ``TaskCancelled`` or ``TaskNotFound``; ``WaitTimeout`` when the timeout
 passes first. Between two reads it listens on ``<schema>.done``, where the transaction that
-finishes a task storing a result announces it (see _results), so it wakes as that transaction
+finishes a task storing a result announces it (see tasks.results), so it wakes as that transaction
 commits; it also reads again every ``poll_interval`` seconds, which is how it learns of tasks
 that send no notification (those that store no result, cancellations, rescues that fail a row).
 Behind PgBouncer in transaction mode LISTEN hears nothing: pass ``listen=False`` (poll only), or
 give the waiter a direct connection.
 
-``wait`` holds one connection for the whole wait; ``Waiter`` (``_waiter``) serves any number of
+``wait`` holds one connection for the whole wait; ``Waiter`` (``tasks.waiter``) serves any number of
 waits with one connection.
 """
 
@@ -27,10 +27,10 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from ..db.arrays import int_array
 from ..db.connect import Target, borrow
 from ..db.sql import queries
 from ..errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
-from ..store.transitions import int_array
 from .results import done_channel
 
 log = logging.getLogger("worker")
@@ -139,7 +139,7 @@ def wait(
 
 @contextlib.contextmanager
 def _borrow(target: Target) -> Iterator[psycopg.Connection]:
-    """As ``_conn.borrow``, but a DSN's connection prepares nothing: a wait polls one statement
+    """As ``db.connect.borrow``, but a DSN's connection prepares nothing: a wait polls one statement
     over and over, and behind PgBouncer in transaction mode a prepared statement breaks."""
     if isinstance(target, str):
         with psycopg.connect(

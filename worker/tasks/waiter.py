@@ -1,11 +1,10 @@
 """``Waiter``: any number of waits, from any number of threads or event loops, over one
 connection and one thread.
 
-The thread listens on ``<schema>.done`` (see _results), reads the rows of the tasks named by each
-notification, and those of every task waited on once per ``poll_interval`` (tasks that send no
-notification: see _wait), and settles the futures of their waits. Two thousand waits cost one
-connection and one statement per notification or poll, not two thousand of either.
-"""
+The thread listens on ``<schema>.done`` (see tasks.results), reads the rows of the tasks named by
+each notification, and those of every task waited on once per ``poll_interval`` (tasks that send no
+notification: see tasks.wait), and settles the futures of their waits. Two thousand waits cost one
+connection and one statement per notification or poll, not two thousand of either."""
 
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ from typing import Any
 
 import psycopg
 
+from ..db.arrays import int_array
 from ..db.sql import Queries, queries
 from ..errors import WaitTimeout, WorkerError
-from ..store.transitions import int_array
 from .results import done_channel
 from .wait import check_args, listen_statement, settle
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -49,6 +50,9 @@ from .compat import (
     task_backends,
     task_enqueued,
 )
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 # Our states as Django's statuses. A cancelled task reads FAILED (Django has no other end that
 # is not a success), with a TaskCancelled error.
@@ -201,7 +205,7 @@ class WorkerBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(f"no task {result_id!r}: ids are integers") from None
         row = (
             self.connection()
-            .execute(queries(self.schema)["django_result"], {"id": task_id})
+            .execute(queries(self.schema, SQL_DIR)["django_result"], {"id": task_id})
             .fetchone()
         )
         if row is None:

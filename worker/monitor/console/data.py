@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -29,6 +30,9 @@ from ...db.dsn import scrub
 from ...db.sql import queries
 from ...ops import actions
 from .filter import END, START, Filter, encode_cursor, walk_params
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 log = logging.getLogger("worker.console")
 
@@ -182,7 +186,7 @@ class _Connections:
 class ConsoleData:
     def __init__(self, dsn: str, schema: str, *, ttl: float = 10.0, connect_timeout: int = 3):
         self.schema = schema
-        self.q = queries(schema)
+        self.q = queries(schema, SQL_DIR)
         self.ttl = ttl
         self.connections = _Connections(dsn, 3, connect_timeout)
         self._minutes: dict[datetime, Minute] = {}

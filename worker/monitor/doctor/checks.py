@@ -9,6 +9,7 @@ why the /metrics scrape may run them (through the read model's cache).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,6 +19,9 @@ from ...db.sql import queries
 from ...ops import status as _admin
 from ...ops.status import ADVICE_LINES, STATUS_CAP, QueueStats, Routing
 from .findings import CRITICAL, OK, WARNING, Finding, Thresholds, age, quote, size
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 ROWS = 200  # sessions, slots, prepared transactions and tables read at most
 RUNNING_CAP = 100_000  # in-progress rows counted at most
@@ -30,7 +34,7 @@ def rows(
     conn: psycopg.Connection, schema: str, name: str, params: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(queries(schema)[name], params or {}).fetchall()
+        return cur.execute(queries(schema, SQL_DIR)[name], params or {}).fetchall()
 
 
 # -- settings --------------------------------------------------------------------------------------
@@ -333,14 +337,14 @@ def read_routing(conn: psycopg.Connection, schema: str) -> tuple[Routing, list[Q
     )
     missing = _admin.missing_handlers(conn, schema, scan.queues)
     row = conn.execute(
-        queries(schema)["metrics_workers_alive"], {"alive_seconds": _admin.ALIVE_SECONDS}
+        queries(schema, SQL_DIR)["metrics_workers_alive"], {"alive_seconds": _admin.ALIVE_SECONDS}
     ).fetchone()
     alive = int(row[0]) if row else 0
     return Routing(_admin.unserved(scan.queues), missing, alive), scan.queues
 
 
 def routing_findings(routing: Routing) -> list[Finding]:
-    """Queues nobody serves, tasks nobody has a handler for (``_admin.Routing``)."""
+    """Queues nobody serves, tasks nobody has a handler for (``ops.status.Routing``)."""
     out = []
     unserved = sorted(routing.unserved, key=lambda q: (-q.waiting, q.queue))
     if unserved:

@@ -12,7 +12,7 @@ still run. The checks:
 - dead rows, sizes and vacuums of the queue's tables, and whether autovacuum keeps up;
 - connection headroom, and how many connections the fleet holds;
 - tasks running far longer than expected, or past a lease nobody rescued;
-- queues no live worker serves and tasks no live worker has a handler for (``_admin``);
+- queues no live worker serves and tasks no live worker has a handler for (``ops.status``);
 - what the claim statement reads per row (``doctor_claim``): the CLI only, never at scrape time.
 """
 
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -34,6 +35,9 @@ from . import checks
 from . import horizon as horizon_checks
 from .claim import claim_findings
 from .findings import WARNING, Finding, Thresholds, ordered, worst
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 log = logging.getLogger("worker.doctor")
 
@@ -105,7 +109,7 @@ class _Run:
                 return fn()
             with self.conn.transaction():
                 self.conn.execute(
-                    queries(self.schema)["doctor_local_timeouts"],
+                    queries(self.schema, SQL_DIR)["doctor_local_timeouts"],
                     {"statement_ms": str(self.statement_ms), "lock_ms": str(LOCK_MS)},
                 )
                 return fn()

@@ -26,16 +26,19 @@ critical. Never run at scrape time.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from ... import store
 from ...db.sql import queries
-from ...store.transitions import ClaimCursor
 from .findings import CRITICAL, OK, WARNING, Finding, Thresholds, quote
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 MODES = ("claim", "read-only", "off")
 CLAIM_INDEX = "tasks_claim_idx"
@@ -65,7 +68,7 @@ def _measure(plan: dict[str, Any], mode: str) -> tuple[int, int, list[str]]:
 def _explain(
     conn: psycopg.Connection, schema: str, queue: str, rows: int, mode: str, statement_ms: int
 ) -> dict[str, Any]:
-    q = queries(schema)
+    q = queries(schema, SQL_DIR)
     with conn.transaction(force_rollback=True):
         if mode == "read-only" and conn.autocommit:  # first in its own transaction
             conn.execute("SET TRANSACTION READ ONLY")
@@ -74,25 +77,13 @@ def _explain(
         )
         conn.execute(q["doctor_worker_plans"])
         if mode == "claim":
-            start = ClaimCursor(0).position(queue)  # a fresh worker's: the queue's start
-            params: dict[str, Any] = {
-                "queues": [queue],
-                "limit": rows,
-                "worker_id": str(uuid.uuid4()),  # no worker has it: nothing else is fenced out
-                "lease_seconds": 30.0,
-                "handler_tasks": [],
-                "handler_max_attempts": [],
-                "cursor_priority": [start[0]],
-                "floor_run_at": [start[1]],
-                "floor_id": [start[2]],
-            }
-            statement = _EXPLAIN + q["claim"]
+            result = store.explain_claim(conn, schema, _EXPLAIN, queue=queue, limit=rows)
         else:
             params = {"queue": queue, "limit": rows}
             statement = _EXPLAIN + q["doctor_claim_probe"]
-        row = conn.execute(statement, params, prepare=False).fetchone()
-    assert row is not None
-    result = row[0]
+            row = conn.execute(statement, params, prepare=False).fetchone()
+            assert row is not None
+            result = row[0]
     return (result[0] if isinstance(result, list) else result)["Plan"]
 
 

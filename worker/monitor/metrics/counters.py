@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ...db.sql import queries
 from ...hooks import Hooks
 from .instruments import (
     MULTIPROC_ENV,
@@ -43,15 +44,20 @@ from .instruments import (
     bucket_counts,
     instruments,
 )
-from .journal import Journal, Sample, counter_samples, histogram_samples
+from .journal import SQL_DIR, Journal, Sample, counter_samples, histogram_samples
 
 if TYPE_CHECKING:
-    from ...store.transitions import Claimed
+    from ...store import Claimed
     from ...tasks.registry import TaskDef
 
 log = logging.getLogger("worker.metrics")
 
 # -- the hooks -------------------------------------------------------------------------------------
+
+
+def _current_xid(schema: str) -> Any:
+    """The statement that reads the current transaction's id (metrics.sql beside this module)."""
+    return queries(schema, SQL_DIR)["metrics_current_xact_id"]
 
 
 class _Txn:
@@ -80,8 +86,8 @@ class MetricsHooks(Hooks):
         self._duration = _Children(m.duration)
         self._latency = _Children(m.latency, "worker_task_latency_seconds")
         self._batch = _Children(m.batch, "worker_claim_batch_size")
-        # Under a supervisor only (see _journal): a process on its own loses all its counts when
-        # it dies anyway.
+        # Under a supervisor only (see monitor.metrics.journal): a process on its own loses all its
+        # counts when it dies anyway.
         directory = os.environ.get(MULTIPROC_ENV)
         self._journal = Journal(directory, os.getpid()) if directory else None
         self._tx: _Txn | None = None
@@ -111,7 +117,7 @@ class MetricsHooks(Hooks):
             self._running = False
             self.m.processes.dec()
 
-    # transactions (see _hooks.Hooks.begin)
+    # transactions (see worker.hooks.Hooks.begin)
 
     def begin(self) -> None:
         self._tx = _Txn()
@@ -122,7 +128,7 @@ class MetricsHooks(Hooks):
             return
         # The claim statement returns the transaction id; only acknowledgements without a claim
         # (an idle or stopping worker) pay a statement for it.
-        xid = tx.xid or conn.execute(worker.q["metrics_current_xact_id"]).fetchone()[0]
+        xid = tx.xid or conn.execute(_current_xid(worker.q.schema)).fetchone()[0]
         try:
             self._journal.write(xid, tx.samples)
         except OSError as exc:

@@ -194,7 +194,7 @@ def instruments() -> _Instruments:
 
 
 def _on_event(event: str, **fields: Any) -> None:
-    """Lock and cron events from code that has no worker at hand (see _hooks.emit)."""
+    """Lock and cron events from code that has no worker at hand (see worker.hooks.emit)."""
     m = _instruments
     if m is None:
         return

@@ -31,12 +31,16 @@ import tempfile
 import time
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from ...db.sql import queries
 from .instruments import instruments
+
+# The statements of this room lie beside its modules (the core never loads them).
+SQL_DIR = Path(__file__).resolve().parent
 
 log = logging.getLogger("worker.metrics")
 
@@ -244,7 +248,7 @@ def _add(m: Any, sample: Sample, amount: float) -> None:
 
 
 def _transaction_status(dsn: str, schema: str, xid: str, timeout: float) -> str | None:
-    query = queries(schema)["metrics_xact_status"]
+    query = queries(schema, SQL_DIR)["metrics_xact_status"]
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -1,7 +1,5 @@
--- Locks: rows in {schema}.locks (exclusive jobs, mutexes, timeout locks) and PostgreSQL advisory
--- locks. Every lock statement is one statement in its own short transaction: never mix them with
--- the guarded job's writes, or the row lock taken by the upsert would make other contenders wait
--- for the job instead of losing at once.
+-- Lock rows with an expiry (schema/0002) and advisory locks.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: lock_acquire
 -- Take the lock if it is free (no row, or its row expired) or, when re-entrant, already ours.

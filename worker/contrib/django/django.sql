@@ -1,4 +1,4 @@
--- The Django Tasks backend (worker/contrib/django/backend.py).
+-- The Django backend's reads.
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: django_result

@@ -1,4 +1,5 @@
--- Vacuum of the task table between autovacuum's rounds (see worker/_vacuum.py).
+-- Vacuum of the task table between autovacuum's rounds.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: vacuum_state
 -- Dead row versions in the task table, seconds since it was last vacuumed (by anyone), and

@@ -1,5 +1,5 @@
--- `worker bench`: the bare-SQL ceiling (the least a queue can do per batch, with no framework
--- around it) and the statements that prepare and read each phase.
+-- `worker bench`: the bare-SQL ceiling and the phases' reads.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: bench_claim
 -- The ceiling's claim: the worker's claim shape over queued rows, and nothing more (no cursor,

@@ -1,11 +1,5 @@
--- `worker doctor` and the health gauges of /metrics (worker/monitor/doctor*.py): read-only looks at
--- the server's statistics views and at the few running rows of the task table.
---
--- Each reads a bounded number of rows: pg_stat_activity, pg_prepared_xacts and
--- pg_replication_slots hold at most max_connections, max_prepared_transactions and
--- max_replication_slots rows; pg_stat_user_tables is read for the queue's schema only; the task
--- table only through its in-progress rows (bounded by the fleet's concurrency, and capped here).
--- None of them waits on a lock for long: the caller sets statement_timeout and lock_timeout.
+-- The checks of `worker doctor`.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: doctor_settings
 -- The settings the checks compare against, as text (the caller converts), plus who we are.

@@ -1,13 +1,5 @@
--- Flow control (schema/0014): fleet-wide concurrency and rate limits per queue and per key.
+-- Flow control: the limits of queues (schema/0014).
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
-
--- name: claim_limited
--- The claim of one limited queue (see the function in schema/0014): it serialises with the other
--- claims of that queue and takes only what its limits allow. A row with a NULL id carries
--- wait_seconds: a rate limit held work back until then.
-SELECT * FROM {schema}.claim_limited(
-    %(queue)s, %(worker_id)s, %(limit)s, %(lease_seconds)s,
-    %(handler_tasks)s::text[], %(handler_max_attempts)s::integer[]);
 
 -- name: limited_queues
 -- Of the given queues, those with limits: the worker's maintenance thread asks this once a second,

@@ -1,10 +1,6 @@
--- Operator actions, and the read-only views that `worker status`, the status page and the metrics
--- collector share.
---
--- Every view is bounded, whatever the table holds (tests/test_explain.py runs each on 5M rows):
--- counts read partial indexes and stop at a cap, queue and task names come from skip scans that
--- stop at a limit, and nothing counts the whole finished history. Where a count stops at its cap,
--- the caller shows the planner's estimate beside it (queue_state_estimates).
+-- Read-only views of the queue for `worker status`, the status page and the metrics.
+-- Every view is bounded on a table of any size: counts stop at a cap.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: queue_stats
 -- One row per queue that has scheduled, queued, running or (when %(failed_cap)s > 0) failed
@@ -186,12 +182,6 @@ SELECT r.queue, r.state::text AS state, count(*) AS n
 SELECT c.queue, c.state, {schema}.estimated_rows(c.queue, c.state) AS estimate
   FROM unnest(%(queues)s::text[], %(states)s::text[]) AS c(queue, state);
 
--- name: no_jit
--- For the rest of the transaction: the views here run in milliseconds, and their cost estimates
--- (counts that stop at a cap) are high enough that JIT would compile them first, which alone takes
--- longer (130 ms and more on a 2-core machine).
-SELECT set_config('jit', 'off', true);
-
 -- name: recent_failed
 -- The newest failures, read backwards from tasks_failed_idx. Names and errors come cut to
 -- %(chars)s characters (with their full lengths): a producer may have written megabytes into any
@@ -278,121 +268,7 @@ SELECT id, queue, task, payload, priority, run_at, state::text AS state, attempt
   FROM {schema}.tasks
  WHERE id = %(id)s;
 
--- name: retry_task
--- Put a failed or cancelled task back in the queue with fresh attempts (and no cancel request:
--- the new run must not be stopped by the old one's).
-UPDATE {schema}.tasks
-   SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL, lease_expires_at = NULL,
-       cancel_requested_at = NULL, cancelled_by = NULL
- WHERE id = %(id)s AND state IN ('failed', 'cancelled')
-RETURNING id;
-
--- name: retry_failed_queue
--- `worker retry --failed --queue Q`, one batch: the oldest %(limit)s failures of the queue after
--- the previous batch's last (finished_at, id), and that failed before the command started (a task
--- that fails again meanwhile is not retried twice), from tasks_failed_queue_idx. A task whose
--- dedupe key a scheduled, queued or running task holds stays failed and is reported, as is every
--- failure of the batch but the oldest that share one key: one conflict used to abort the whole
--- statement. (A producer that takes a key between the check and the update still raises a unique
--- violation; the caller runs the batch again, which then sees that task.) Failures without a
--- finished_at (set by hand) come last, in id order, after their own key (after_undated_id).
-WITH batch AS (
-    SELECT id, finished_at, dedupe_key FROM (
-        SELECT t.id, t.finished_at, t.dedupe_key
-          FROM {schema}.tasks AS t
-         WHERE t.state = 'failed' AND t.queue = %(queue)s
-           AND (t.finished_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
-           AND t.finished_at <= %(before)s::timestamptz
-         ORDER BY t.finished_at, t.id
-         LIMIT %(limit)s
-           FOR UPDATE) AS dated
-    UNION ALL
-    SELECT id, finished_at, dedupe_key FROM (
-        SELECT t.id, t.finished_at, t.dedupe_key
-          FROM {schema}.tasks AS t
-         WHERE t.state = 'failed' AND t.queue = %(queue)s
-           AND t.finished_at IS NULL AND t.id > %(after_undated_id)s::bigint
-         ORDER BY t.id
-         LIMIT %(limit)s
-           FOR UPDATE) AS undated
-    LIMIT %(limit)s
-),
-checked AS (
-    SELECT b.id,
-           b.dedupe_key IS NOT NULL
-           AND (row_number() OVER (PARTITION BY b.dedupe_key ORDER BY b.finished_at, b.id) > 1
-                OR EXISTS (SELECT 1 FROM {schema}.tasks AS h
-                            WHERE h.dedupe_key = b.dedupe_key
-                              AND h.state IN ('scheduled', 'queued', 'in_progress'))) AS taken
-      FROM batch AS b
-),
-moved AS (
-    UPDATE {schema}.tasks AS t
-       SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
-           lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL
-     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
-    RETURNING t.id
-)
-SELECT (SELECT count(*) FROM batch) AS seen,
-       (SELECT count(*) FROM moved) AS requeued,
-       ARRAY(SELECT id FROM checked WHERE taken ORDER BY id) AS skipped,
-       (SELECT finished_at FROM batch WHERE finished_at IS NOT NULL
-         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_at,
-       (SELECT id FROM batch WHERE finished_at IS NOT NULL
-         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_id,
-       (SELECT max(id) FROM batch WHERE finished_at IS NULL) AS last_undated_id;
-
--- name: retry_failed_all
--- `worker retry --failed`: the same as retry_failed_queue for every queue, from tasks_failed_idx.
-WITH batch AS (
-    SELECT id, finished_at, dedupe_key FROM (
-        SELECT t.id, t.finished_at, t.dedupe_key
-          FROM {schema}.tasks AS t
-         WHERE t.state = 'failed'
-           AND (t.finished_at, t.id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
-           AND t.finished_at <= %(before)s::timestamptz
-         ORDER BY t.finished_at, t.id
-         LIMIT %(limit)s
-           FOR UPDATE) AS dated
-    UNION ALL
-    SELECT id, finished_at, dedupe_key FROM (
-        SELECT t.id, t.finished_at, t.dedupe_key
-          FROM {schema}.tasks AS t
-         WHERE t.state = 'failed'
-           AND t.finished_at IS NULL AND t.id > %(after_undated_id)s::bigint
-         ORDER BY t.id
-         LIMIT %(limit)s
-           FOR UPDATE) AS undated
-    LIMIT %(limit)s
-),
-checked AS (
-    SELECT b.id,
-           b.dedupe_key IS NOT NULL
-           AND (row_number() OVER (PARTITION BY b.dedupe_key ORDER BY b.finished_at, b.id) > 1
-                OR EXISTS (SELECT 1 FROM {schema}.tasks AS h
-                            WHERE h.dedupe_key = b.dedupe_key
-                              AND h.state IN ('scheduled', 'queued', 'in_progress'))) AS taken
-      FROM batch AS b
-),
-moved AS (
-    UPDATE {schema}.tasks AS t
-       SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
-           lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL
-     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken))
-    RETURNING t.id
-)
-SELECT (SELECT count(*) FROM batch) AS seen,
-       (SELECT count(*) FROM moved) AS requeued,
-       ARRAY(SELECT id FROM checked WHERE taken ORDER BY id) AS skipped,
-       (SELECT finished_at FROM batch WHERE finished_at IS NOT NULL
-         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_at,
-       (SELECT id FROM batch WHERE finished_at IS NOT NULL
-         ORDER BY finished_at DESC, id DESC LIMIT 1) AS last_id,
-       (SELECT max(id) FROM batch WHERE finished_at IS NULL) AS last_undated_id;
-
--- name: db_now
-SELECT now() AS now;
-
--- name: wake
--- Rows put back in the queue by an operator: wake idle workers as an INSERT would.
-SELECT pg_notify(%(channel)s, '');
+-- name: metrics_workers_alive
+SELECT count(*) AS alive, coalesce(sum(in_flight), 0) AS in_flight
+  FROM {schema}.workers
+ WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => %(alive_seconds)s);

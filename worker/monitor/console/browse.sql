@@ -1,26 +1,5 @@
--- The console's job browser: one page of tasks matching a filter, on a table of any size.
---
--- Each query walks one index in its order from the keyset position after the previous page (the
--- `after_*` values: the sort key of the page's last row; the first page starts before every
--- row), reads at most %(scan)s rows of that walk (the inner LIMIT), and keeps those that match
--- the rest of the filter (task, queue where the index does not lead with it, state within the
--- index, and text in the payload or the error). So a page costs at most %(scan)s rows whatever
--- the filter, and the statement stops as soon as %(limit)s rows are out.
---
--- hit says whether a row matches; n is its place in the walk. The walk's %(scan)s-th row comes
--- out even when it does not match: it marks how far the walk got, so that the console can offer
--- to go on from there ("looked at N rows without filling the page").
---
--- The orders follow the indexes of schema/0001-0007: newest id first (any state, in_progress),
--- claim order (queued: tasks_claim_idx), next due first (scheduled: tasks_scheduled_idx and
--- tasks_scheduled_queue_idx), newest finished first (done and cancelled: tasks_done_idx; failed:
--- tasks_failed_idx and tasks_failed_queue_idx). Finished rows without a finished_at (written by
--- hand) come first, newest id first, in a walk of their own (in_nulls); its order is written
--- `t.id + 0` so that the planner finds them in the state's index (finished_at IS NULL) and sorts
--- the few there are, rather than walk the primary key in id order through every row.
---
--- A parameter left NULL filters nothing: these statements are never prepared, so the planner
--- sees the values and drops such conditions before it chooses an index.
+-- The console's job browser, one task, and throughput.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: browse_any
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,

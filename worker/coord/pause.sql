@@ -1,6 +1,5 @@
--- Paused queues (schema/0009, 0011): the operator's pause and resume, and the list workers and the
--- console read. Each block starts with `-- name: NAME`; {schema} is the quoted schema name.
--- Pausing and resuming go through the SQL functions, which psql users call too.
+-- Paused queues (schema/0009, 0011).
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: pause_queue
 -- Pause a queue; a queue already paused keeps its first pause (time and operator): false.

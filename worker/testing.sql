@@ -1,4 +1,5 @@
--- Reads for worker.testing, the helpers users run in their own tests (never on a worker's path).
+-- worker.testing: what was enqueued, and which queues hold due rows.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: testing_due_queues
 -- The queues holding a row ready to claim, so a test's run_due needs no list of queues.

@@ -1,6 +1,5 @@
--- `worker demo`: what its live summary reads. Counts are per run: only rows with an id above
--- the highest id the demo found when it started (ids only grow), so an earlier run's rows
--- never count.
+-- `worker demo`'s summary.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: demo_last_id
 SELECT coalesce(max(id), 0) FROM {schema}.tasks;

@@ -1,9 +1,5 @@
--- Read-only statements behind /metrics, /readyz and the status page (worker/monitor/readmodel.py),
--- besides the queue views they share with `worker status` (queries/admin.sql).
---
--- They run once per cache period per machine, never per scrape, and each is bounded: none reads
--- more than a few rows of the task table (tests/test_explain.py runs each on 5M rows); the size of
--- the finished history comes from the planner's statistics.
+-- Reads of the status page and the queue gauges.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: metrics_state_estimates
 -- Rows per state across the whole table, from the planner's statistics (reltuples times the
@@ -19,11 +15,6 @@ SELECT v.state, (greatest(c.reltuples, 0) * v.freq)::float8 AS estimate
      WHERE s.schemaname = ns.nspname AND s.tablename = c.relname AND s.attname = 'state'
  ) AS v
  WHERE ns.nspname = %(schema)s AND c.relname = 'tasks';
-
--- name: metrics_workers_alive
-SELECT count(*) AS alive, coalesce(sum(in_flight), 0) AS in_flight
-  FROM {schema}.workers
- WHERE stopped_at IS NULL AND heartbeat_at > now() - make_interval(secs => %(alive_seconds)s);
 
 -- name: status_page_cron_runs
 -- The latest slot of each cron key still in the table (at most %(limit)s keys): a skip scan of
@@ -73,10 +64,3 @@ SELECT l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, l.mod
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
  ORDER BY l.pid, l.classid, l.objid
  LIMIT %(limit)s;
-
--- name: metrics_current_xact_id
-SELECT pg_current_xact_id()::text AS xid;
-
--- name: metrics_xact_status
--- 'committed', 'aborted' or 'in progress'; NULL when the id is too old to be known.
-SELECT pg_xact_status(%(xid)s::xid8) AS status;

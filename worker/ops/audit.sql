@@ -1,0 +1,19 @@
+-- The record of operator actions (schema/0008 and 0016, `actions`): one row per action, from the
+-- CLI, the console, psql or the Python API.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+
+-- name: action_record
+-- One row in the record of operator actions; `finished` false for an action that starts now and
+-- reports its counts when it ends (action_finish).
+SELECT {schema}.record_action(%(actor)s, %(action)s, %(filter)s::jsonb, %(counts)s::jsonb,
+                              %(source)s, %(finished)s, %(address)s) AS id;
+
+-- name: action_finish
+SELECT {schema}.finish_action(%(id)s, %(counts)s::jsonb, %(finished)s);
+
+-- name: actions_recent
+-- The newest operator actions, newest first, from actions_at_idx.
+SELECT id, at, finished_at, actor, source, address, action, filter, counts
+  FROM {schema}.actions
+ ORDER BY at DESC, id DESC
+ LIMIT %(limit)s;

@@ -1,0 +1,207 @@
+"""Acknowledgements: a worker's finished tasks leave ``in_progress`` (``complete``, ``fail``,
+``hand_back``, ``release``), fenced on (worker id, attempt), and the leases of running ones are
+renewed (``heartbeat``). Every function runs one statement for a whole batch; none is called per
+task on the hot path.
+
+Every statement is in ``acks.sql`` beside this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from ..db.arrays import PLAN_EACH, int_array
+from .statements import statements
+
+# pg_notify refuses payloads of 8,000 bytes or more; ids are sent in pieces below that.
+_NOTIFY_BYTES = 7900
+
+# Each task keeps the errors of its last ERROR_HISTORY attempts (column `errors`, schema/0008),
+# each cut to ERROR_HISTORY_CHARS characters; last_error keeps the latest in full.
+ERROR_HISTORY = 10
+
+ERROR_HISTORY_CHARS = 2000
+
+HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
+
+
+@dataclass(slots=True)
+class Failure:
+    id: int
+    attempt: int
+    delay: float
+    error: str
+    permanent: bool
+
+
+def complete(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    worker_id: str,
+    done: Sequence[tuple[int, int]],
+    delete: bool = False,
+) -> dict[int, str]:
+    """in_progress -> done (or deleted), or cancelled for rows someone asked to cancel. Returns
+    {id: "done" | "cancelled"} for the rows that were still ours (a deleted row counts as done)."""
+    if not done:
+        return {}
+    ids, attempts = zip(*done, strict=True)
+    params = {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id}
+    if not delete:
+        return dict(conn.execute(statements(schema)["complete"], params, **PLAN_EACH).fetchall())
+    deleted = conn.execute(statements(schema)["complete_delete"], params, **PLAN_EACH).fetchall()
+    kept = {r[0]: "done" for r in deleted}
+    if len(kept) < len(ids):
+        # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
+        # (they end cancelled): mark those instead.
+        rest = [(i, a) for i, a in done if i not in kept]
+        kept |= complete(conn, schema, worker_id=worker_id, done=rest, delete=False)
+    return kept
+
+
+def fail(
+    conn: psycopg.Connection, schema: str, *, worker_id: str, failures: Sequence[Failure]
+) -> dict[int, str]:
+    """in_progress -> queued (later) or failed, each error appended to the row's history (the
+    last ERROR_HISTORY kept). Returns {id: new state} for rows still ours."""
+    if not failures:
+        return {}
+    rows = conn.execute(
+        statements(schema)["retry"],
+        {
+            "ids": int_array(f.id for f in failures),
+            "attempts": int_array(f.attempt for f in failures),
+            "delays": [f.delay for f in failures],
+            "errors": [f.error for f in failures],
+            "permanent": [f.permanent for f in failures],
+            "worker_id": worker_id,
+            **HISTORY,
+        },
+        **PLAN_EACH,
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def hand_back(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    worker_id: str,
+    rows: Sequence[tuple[int, int, str]],
+) -> dict[int, str]:
+    """in_progress -> scheduled, uncounted, for rows of tasks this worker has no handler for:
+    (id, attempt, error) each; cancelled for rows with a cancel request. Returns {id: new state}
+    for the rows still ours."""
+    if not rows:
+        return {}
+    ids, attempts, errors = zip(*rows, strict=True)
+    found = conn.execute(
+        statements(schema)["hand_back"],
+        {
+            "ids": int_array(ids),
+            "attempts": int_array(attempts),
+            "errors": list(errors),
+            "worker_id": worker_id,
+            **HISTORY,
+        },
+        **PLAN_EACH,
+    ).fetchall()
+    return dict(found)
+
+
+def release(
+    conn: psycopg.Connection, schema: str, *, worker_id: str, tasks: Sequence[tuple[int, int]]
+) -> set[int]:
+    """in_progress -> queued, attempt not counted: for tasks a stopping worker gives back."""
+    if not tasks:
+        return set()
+    ids, attempts = zip(*tasks, strict=True)
+    rows = conn.execute(
+        statements(schema)["release"],
+        {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id},
+        **PLAN_EACH,
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+@dataclass(slots=True)
+class Beat:
+    """What a heartbeat found: rows lost, and rows someone asked to cancel."""
+
+    lost: set[tuple[int, int]]  # (id, attempt): another owner, another attempt, or not running
+    cancel: set[int]  # ids of renewed rows with a cancel request (schema/0010)
+
+
+def heartbeat(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    worker_id: str,
+    tasks: Sequence[tuple[int, int]],
+    lease_seconds: float,
+) -> Beat:
+    """Renew the leases of (id, attempt) rows still ours, and the worker's own row; says which
+    rows are lost and which of the renewed ones have a cancel request. Waits on no lock."""
+    rows = conn.execute(
+        statements(schema)["heartbeat"],
+        {
+            "ids": int_array(i for i, _ in tasks),
+            "attempts": int_array(a for _, a in tasks),
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+        },
+        **PLAN_EACH,
+    ).fetchall()
+    return Beat({(r[0], r[1]) for r in rows if not r[2]}, {r[0] for r in rows if r[2]})
+
+
+def complete_with_result(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    worker_id: str,
+    done: Sequence[tuple[int, int, str]],
+) -> dict[int, str]:
+    """in_progress -> done, storing each row's result: (id, attempt, result JSON) each, fenced
+    as ``complete`` (a row with a cancel request ends cancelled, without its
+    result). Returns {id: "done" | "cancelled"} for the rows that were still ours."""
+    if not done:
+        return {}
+    ids, attempts, results = zip(*done, strict=True)
+    rows = conn.execute(
+        statements(schema)["complete_with_result"],
+        {
+            "ids": int_array(ids),
+            "attempts": int_array(attempts),
+            "results": list(results),
+            "worker_id": worker_id,
+        },
+        **PLAN_EACH,
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Iterable[int]) -> None:
+    """Announce finished tasks on ``channel``, in as few notifications as fit (see notify_done
+    in acks.sql). Delivered when the caller's transaction commits."""
+    for payload in _pieces([str(int(i)) for i in ids]):
+        conn.execute(statements(schema)["notify_done"], {"channel": channel, "ids": payload})
+
+
+def _pieces(ids: list[str]) -> list[str]:
+    out: list[str] = []
+    current: list[str] = []
+    size = 0
+    for text in ids:
+        if current and size + len(text) + 1 > _NOTIFY_BYTES:
+            out.append(",".join(current))
+            current, size = [], 0
+        current.append(text)
+        size += len(text) + 1
+    if current:
+        out.append(",".join(current))
+    return out

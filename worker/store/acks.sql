@@ -1,0 +1,191 @@
+-- Acknowledgements of a worker's finished tasks, fenced on (worker id, attempt), and lease renewal.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+
+-- name: complete_with_result
+-- `complete` (queries/tasks.sql) for the rows whose handler returned a result to store: the same
+-- fencing, word for word, plus the result. Run in the same acknowledging transaction as
+-- `complete`, and only when the batch holds such rows, so that tasks which store nothing keep
+-- the acknowledgement they had. Results arrive as JSON text, checked by the worker (see
+-- tasks.results.encode_result), and are cast here. A row someone asked to cancel ends 'cancelled'
+-- and keeps no result, as in `complete`.
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       finished_at = now(), lease_expires_at = NULL,
+       result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
+       AS a(id, attempt, result)
+ WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id, t.state::text AS state;
+
+-- name: notify_done
+-- Wake whoever waits on these tasks (comma-separated ids, under 8,000 bytes: the caller splits
+-- longer lists). Sent inside the transaction that finished them, so it arrives only once their
+-- new state is visible, and never if that transaction rolls back.
+SELECT pg_notify(%(channel)s, %(ids)s);
+
+-- name: complete
+-- Mark finished tasks done in one statement per batch. Fencing: only the owner's current attempt
+-- of a row still in progress may complete it; a worker that lost its lease gets nothing back for
+-- that row and learns it lost the row. A row someone asked to cancel (schema/0010) ends
+-- 'cancelled', not 'done', whatever its handler returned: the request and this statement lock
+-- the row in turn, so a request that was granted is never followed by 'done'.
+-- "In progress" is spelled "lease_expires_at IS NOT NULL" in the fencing statements (the two are
+-- the same by the tasks_lease_iff_running constraint). Written as state = 'in_progress', the
+-- planner may scan the whole partial lease index, dead entries and all, instead of fetching the
+-- batch by primary key; that made acknowledgements the slowest step of the worker.
+-- The batch drives the join: for each (id, attempt) the planner looks the row up by primary key.
+-- (An extra `t.id = ANY(ids)` condition made it fetch the rows first and then compare each with
+-- every element of the batch, a nested loop of batch x batch: 3 ms instead of 0.8 for 100 rows,
+-- and the worker's largest cost in the database beyond the bare-SQL ceiling's.) The worker's
+-- connections rule sequential scans out (session_index_plans), so a plan cached while the table
+-- was small cannot turn this into a scan of the table.
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       finished_at = now(), lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id, t.state::text AS state;
+
+-- name: complete_delete
+-- The same fencing as `complete`, for installations that keep no finished rows (retention 0):
+-- deleting is cheaper than writing a new row version that retention would delete later. Cron rows
+-- and rows with a cancel request are left to `complete` (a cron slot must stay taken; a
+-- cancelled task stays visible as cancelled until retention removes it).
+DELETE FROM {schema}.tasks AS t
+ USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+   AND t.cron_key IS NULL
+   AND t.cancel_requested_at IS NULL
+RETURNING t.id;
+
+-- name: retry
+-- Failed attempts: back to queued after the backoff delay, or failed when the handler said not to
+-- retry or the row has used its attempts (its own max_attempts, which an operator may have raised).
+-- Each error is also appended to the row's history (`errors`, schema/0008): the last
+-- %(history)s attempts, each error cut to %(history_chars)s characters, stamped with the database
+-- clock and the worker. Only this statement and the other three that record an error (hand_back,
+-- worker_died, rescue) pay for it; claim and complete do not touch the column.
+-- A row someone asked to cancel ends 'cancelled' instead: it is never retried.
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                    WHEN a.permanent OR t.attempts >= t.max_attempts THEN 'failed'
+                    WHEN a.delay > 0 THEN 'scheduled' ELSE 'queued' END,
+       run_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
+                          OR t.attempts >= t.max_attempts
+                     THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
+                               OR t.attempts >= t.max_attempts THEN now() END,
+       last_error = a.error,
+       errors = jsonb_path_query_array(
+           coalesce(t.errors, '[]') || jsonb_build_object(
+               'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
+               'worker_id', t.worker_id),
+           '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
+       lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[],
+              %(errors)s::text[], %(permanent)s::boolean[]) AS a(id, attempt, delay, error, permanent)
+ WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id, t.state::text AS state;
+
+-- name: hand_back
+-- Rows this worker has no handler for (an old worker during a rolling deploy, a typo in a task
+-- name): back to 'scheduled' without counting the attempt, later each time (5 s, 10 s, 20 s, ...
+-- up to 10 minutes), with an error that says why. A worker that has the handler takes them at
+-- once when it starts (workers.sql, register). The error joins the history (see retry) marked
+-- "counted": false, under the number of the attempt that was not counted. One with a cancel
+-- request ends 'cancelled'.
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'scheduled'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       attempts = greatest(t.attempts - 1, 0),
+       run_at = CASE WHEN t.cancel_requested_at IS NULL
+                     THEN now() + make_interval(
+                         secs => least(5 * power(2, least(t.handed_back, 10)), 600))
+                     ELSE t.run_at END,
+       handed_back = t.handed_back + 1, last_error = left(a.error, 4000),
+       errors = jsonb_path_query_array(
+           coalesce(t.errors, '[]') || jsonb_build_object(
+               'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
+               'worker_id', t.worker_id, 'counted', false),
+           '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
+       started_at = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
+       AS a(id, attempt, error)
+ WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id, t.state::text AS state;
+
+-- name: release
+-- Graceful stop: hand back tasks that did not finish within the grace period. The interrupted
+-- attempt is not counted, so a deploy does not use up a task's retries. A row with a cancel
+-- request is not handed back: it ends 'cancelled' (its attempt counted, as it ran).
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'queued'::{schema}.task_state
+                    ELSE 'cancelled' END,
+       attempts = CASE WHEN t.cancel_requested_at IS NULL THEN greatest(t.attempts - 1, 0)
+                       ELSE t.attempts END,
+       run_at = CASE WHEN t.cancel_requested_at IS NULL THEN now() ELSE t.run_at END,
+       started_at = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.started_at END,
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
+       lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+ WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+   AND t.attempts = a.attempt
+   AND t.worker_id = %(worker_id)s
+   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+RETURNING t.id;
+
+-- name: heartbeat
+-- One statement per heartbeat, whatever the number of tasks in flight: renew the leases of this
+-- worker's rows at the attempts it claimed, and its own row. It returns the ids that are lost
+-- (rescued, claimed again, or at another attempt): the worker must not complete them; and, with
+-- `cancel` true, those it renewed that someone asked to cancel (schema/0010), in case their
+-- notification did not reach the worker.
+-- SKIP LOCKED: a row locked right now is being changed by our own acknowledgement or by a
+-- transactional handler's commit (or by a rescuer, which the next heartbeat will notice); the
+-- heartbeat never waits for it, and counts it as ours while it still is, or is done by us.
+WITH me AS (
+    UPDATE {schema}.workers
+       SET heartbeat_at = now(), in_flight = cardinality(%(ids)s::bigint[])
+     WHERE id = %(worker_id)s
+), mine AS (
+    SELECT t.id
+      FROM {schema}.tasks AS t
+      JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt) ON t.id = a.id
+     WHERE t.attempts = a.attempt  -- one primary-key look-up per row (see complete)
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+       FOR UPDATE OF t SKIP LOCKED
+), renewed AS (
+    UPDATE {schema}.tasks AS t
+       SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+     WHERE t.id = ANY(ARRAY(SELECT id FROM mine))
+    RETURNING t.id, t.attempts, t.cancel_requested_at IS NOT NULL AS cancel
+)
+SELECT a.id, a.attempt, false AS cancel
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+  LEFT JOIN {schema}.tasks AS t ON t.id = a.id
+ WHERE a.id NOT IN (SELECT id FROM renewed)
+   AND NOT coalesce(t.worker_id = %(worker_id)s AND t.attempts = a.attempt
+                    AND (t.lease_expires_at IS NOT NULL OR t.state = 'done'), false)
+UNION ALL
+SELECT r.id, r.attempts, true AS cancel
+  FROM renewed AS r
+ WHERE r.cancel;

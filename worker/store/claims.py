@@ -1,0 +1,296 @@
+"""The claim path: due scheduled rows become queued (``promote``), and queued rows become a
+worker's (``claim``, ``claim_limited``), with the probes that tell a worker which queues hold work
+(``due_queues``, ``behind``) and the cursor that keeps claims off dead index entries.
+
+Every statement is in ``claims.sql`` beside this module, in the order a claim runs them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from ..db.arrays import int_array, text_array
+from .statements import statements
+
+_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_MICROSECOND = timedelta(microseconds=1)
+
+# The cursor of a fresh scan: before any possible (-priority, run_at, id).
+_CURSOR_START: tuple[int, datetime, int] = (
+    -(10**9),
+    datetime(1, 1, 1, tzinfo=UTC),
+    0,
+)
+
+
+@dataclass(slots=True)
+class Claimed:
+    id: int
+    task: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    queue: str
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    claimed_at: datetime
+    xid: str = ""  # the claiming transaction's id (see monitor.metrics.journal)
+    # The producer's trace context as JSON text, or None (schema/0013; read by worker.contrib.otel)
+    trace_context: str | None = None
+
+
+class ClaimCursor:
+    """Keyset position per queue: where the next claim of this worker starts (its floor).
+
+    Starting each claim near where the previous one stopped keeps claims from walking the dead
+    index entries of rows claimed earlier (see the claim statement). The floor trails the last
+    claimed row by a look-back, for rows that committed a little late (a producer's transaction,
+    a promoted or retried row): ``lookback`` seconds of run_at, but never more than the last
+    ``rows`` rows this worker claimed, so that draining a backlog (where thousands of rows share
+    a run_at) does not re-read thousands of dead entries per claim. Higher and lower priorities
+    are always read from their start. Rows further behind are found off the claim path
+    (``behind``), which calls ``reset``. Short claims do not reset the cursor: at light load
+    nearly every claim is short, and a reset would walk every dead entry again.
+    """
+
+    def __init__(self, lookback: float, rows: int = 1000) -> None:
+        self.lookback = timedelta(seconds=lookback)
+        self.rows = rows
+        self._last: dict[str, tuple[int, datetime, int]] = {}
+        self._recent: dict[str, deque[tuple[datetime, int]]] = {}
+
+    def position(self, queue: str) -> tuple[int, datetime, int]:
+        """(-priority, run_at, id) of the floor: the claim reads this priority from there."""
+        last = self._last.get(queue)
+        if last is None:
+            return _CURSOR_START
+        neg_priority, run_at, _ = last
+        floor = (run_at - self.lookback, 0) if run_at > _EARLIEST + self.lookback else (run_at, 0)
+        recent = self._recent[queue]
+        if len(recent) == recent.maxlen:
+            floor = max(floor, recent[0])
+        return (neg_priority, *floor)
+
+    def advance(self, queue: str, rows: Sequence[Claimed]) -> None:
+        """``rows``: this queue's rows of one claim, in claim order."""
+        last = rows[-1]
+        prev = self._last.get(queue)
+        recent = self._recent.get(queue)
+        if recent is None or prev is None or prev[0] != -last.priority:
+            recent = self._recent[queue] = deque(maxlen=self.rows)
+        recent.extend((r.run_at, r.id) for r in rows if r.priority == last.priority)
+        self._last[queue] = (-last.priority, last.run_at, last.id)
+
+    def passed(self, queue: str, earliest: int) -> bool:
+        """Whether a row with this run_at (microseconds since the epoch) may lie behind the floor
+        of ``queue``, where the next claim would not find it."""
+        if queue not in self._last:
+            return False
+        floor = self.position(queue)[1]
+        return earliest <= (floor - _EPOCH) // _MICROSECOND
+
+    def reset(self, queue: str) -> None:
+        self._last.pop(queue, None)
+        self._recent.pop(queue, None)
+
+    def placed(self) -> list[str]:
+        """The queues that have a position (the others are read from their start anyway)."""
+        return list(self._last)
+
+
+@dataclass(slots=True)
+class Promoted:
+    count: int
+    next_due_in: float | None  # seconds until the next scheduled row is due, by the db clock
+    queues: list[str] = field(default_factory=list)  # where rows went (up to 50 queues)
+    earliest: int | None = None  # the earliest run_at among them, microseconds since the epoch
+
+
+def promote(conn: psycopg.Connection, schema: str, *, limit: int, channel: str) -> Promoted:
+    """scheduled -> queued for due rows, and when the next one is due."""
+    row = conn.execute(
+        statements(schema)["promote"], {"limit": limit, "channel": channel}
+    ).fetchone()
+    assert row is not None
+    return Promoted(
+        int(row[0]), None if row[2] is None else float(row[2]), list(row[3] or ()), row[4]
+    )
+
+
+def parse_notification(payload: str | None) -> tuple[list[str] | None, int | None]:
+    """The queues a new-rows notification names (None: every queue) and the earliest run_at of
+    its rows in microseconds since the epoch, when it says (schema/0015)."""
+    if not payload:
+        return None, None
+    names = payload.split(",")
+    earliest = None
+    if names[-1].startswith("\x1e"):
+        try:
+            earliest = int(names.pop()[1:])
+        except ValueError:
+            earliest = None
+    return names, earliest
+
+
+def make_due(conn: psycopg.Connection, schema: str, *, until: datetime) -> int:
+    """scheduled -> queued for rows due by ``until`` (worker.testing's clock). Returns how many."""
+    return len(conn.execute(statements(schema)["make_due"], {"until": until}).fetchall())
+
+
+def claim(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    queues: Sequence[str],
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    cursor: ClaimCursor | None = None,
+    max_attempts: Mapping[str, int] | HandlerLimits | None = None,
+) -> list[Claimed]:
+    """queued -> in_progress for up to ``limit`` due rows of ``queues`` (first queues first), in
+    claim order within each queue; one statement whatever the number of queues.
+
+    ``max_attempts``: the handlers' settings by task name, for rows whose producer left
+    max_attempts to the handler (NULL); rows of other tasks keep NULL (they are handed back).
+    """
+    cursor = cursor or ClaimCursor(0)
+    positions = [cursor.position(name) for name in queues]
+    handlers = max_attempts if isinstance(max_attempts, HandlerLimits) else None
+    if handlers is None:
+        handlers = HandlerLimits(max_attempts or {})
+    # Every array goes as text (see int_array): psycopg's list adaptation, six lists per claim,
+    # was the largest Python cost of a claim at light load, where each claim takes a row or two.
+    rows = conn.execute(
+        statements(schema)["claim"],
+        {
+            "queues": text_array(queues),
+            "limit": limit,
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+            "handler_tasks": handlers.tasks,
+            "handler_max_attempts": handlers.max_attempts,
+            "cursor_priority": int_array(p[0] for p in positions),
+            "floor_run_at": text_array(p[1].isoformat() for p in positions),
+            "floor_id": int_array(p[2] for p in positions),
+        },
+    ).fetchall()
+    claimed = [Claimed(*row) for row in rows]
+    # UPDATE ... RETURNING does not keep the CTE's order; the cursor and the dispatch need it.
+    order = {name: i for i, name in enumerate(queues)}
+    claimed.sort(key=lambda c: (order.get(c.queue, 0), -c.priority, c.run_at, c.id))
+    return claimed
+
+
+@dataclass(slots=True)
+class LimitedClaim:
+    rows: list[Claimed]
+    wait: float | None  # a rate limit held work back: seconds until the next start is allowed
+
+
+def claim_limited(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    queue: str,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    max_attempts: Mapping[str, int] | None = None,
+) -> LimitedClaim:
+    """queued -> in_progress for what ``queue``'s limits allow of up to ``limit`` due rows
+    (schema/0014: claims of a limited queue take turns on its limit row, so they cannot together
+    exceed a limit), in claim order."""
+    limits = max_attempts or {}
+    rows = conn.execute(
+        statements(schema)["claim_limited"],
+        {
+            "queue": queue,
+            "limit": limit,
+            "worker_id": worker_id,
+            "lease_seconds": lease_seconds,
+            "handler_tasks": list(limits),
+            "handler_max_attempts": list(limits.values()),
+        },
+    ).fetchall()
+    claimed = [Claimed(*row[:11]) for row in rows if row[0] is not None]
+    waits = [float(row[11]) for row in rows if row[0] is None and row[11] is not None]
+    claimed.sort(key=lambda c: (-c.priority, c.run_at, c.id))
+    return LimitedClaim(claimed, min(waits) if waits else None)
+
+
+def due_queues(conn: psycopg.Connection, schema: str, queues: Sequence[str]) -> list[str]:
+    """Of ``queues``, those holding a row ready to claim (a read; it changes nothing)."""
+    return [
+        r[0]
+        for r in conn.execute(statements(schema)["due_queues"], {"queues": list(queues)}).fetchall()
+    ]
+
+
+def behind(conn: psycopg.Connection, schema: str, cursor: ClaimCursor) -> list[str]:
+    """Queues with a claimable row behind the cursor's look-back window (see ClaimCursor)."""
+    names = cursor.placed()
+    if not names:
+        return []
+    positions = [cursor.position(n) for n in names]
+    rows = conn.execute(
+        statements(schema)["behind"],
+        {
+            "queues": names,
+            "cursor_priority": [p[0] for p in positions],
+            "floor_run_at": [p[1] for p in positions],
+            "floor_id": [p[2] for p in positions],
+        },
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+class HandlerLimits:
+    """A worker's max_attempts by task name, as the claim's two array parameters, written once
+    (they change only when the worker's handlers do)."""
+
+    __slots__ = ("max_attempts", "tasks")
+
+    def __init__(self, limits: Mapping[str, int]) -> None:
+        self.tasks = text_array(limits)
+        self.max_attempts = int_array(limits.values())
+
+
+def wake_handed_back(conn: psycopg.Connection, schema: str, tasks: Sequence[str]) -> None:
+    """Rows of ``tasks`` that workers without a handler handed back become due now: a worker
+    that has the handlers just started."""
+    if tasks:
+        conn.execute(statements(schema)["wake_handed_back"], {"tasks": list(tasks)})
+
+
+def explain_claim(
+    conn: psycopg.Connection, schema: str, prefix: Any, *, queue: str, limit: int
+) -> Any:
+    """``prefix`` (an EXPLAIN) of the claim a fresh worker would make of ``queue``, run for real:
+    the caller rolls back the transaction it runs in. For ``worker doctor``'s claim probe."""
+    start = ClaimCursor(0).position(queue)  # a fresh worker's: the queue's start
+    params: dict[str, Any] = {
+        "queues": [queue],
+        "limit": limit,
+        "worker_id": str(uuid.uuid4()),  # no worker has it: nothing else is fenced out
+        "lease_seconds": 30.0,
+        "handler_tasks": [],
+        "handler_max_attempts": [],
+        "cursor_priority": [start[0]],
+        "floor_run_at": [start[1]],
+        "floor_id": [start[2]],
+    }
+    row = conn.execute(prefix + statements(schema)["claim"], params, prepare=False).fetchone()
+    assert row is not None
+    return row[0]

@@ -1,0 +1,185 @@
+-- The claim path: promotion of due rows, the claim, and the probes that say which queues hold work.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+
+-- name: promote
+-- Scheduled rows that are due become claimable. Any worker runs this (no leader): SKIP LOCKED keeps
+-- concurrent promoters on different rows. It runs in the claiming transaction, just before the
+-- claim, which therefore sees the rows it promoted. It says how many it promoted, in which queues
+-- (to wake the workers of other queues, with the earliest run_at as the insert trigger gives it:
+-- schema/0015), and how long until the next scheduled row is due.
+WITH due AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE state = 'scheduled'
+       AND run_at <= now()
+     ORDER BY run_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {schema}.tasks AS t
+       SET state = 'queued'
+     WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING t.queue, t.run_at
+), names AS (
+    SELECT coalesce(string_agg(queue, ','), '') AS list, sum(n)::integer AS n,
+           array_agg(queue) AS queues,
+           coalesce(bool_or(strpos(queue, ',') > 0 OR strpos(queue, chr(30)) > 0), false) AS odd,
+           CASE WHEN isfinite(min(earliest))
+                THEN (extract(epoch FROM min(earliest)) * 1000000)::bigint END AS earliest
+      FROM (SELECT queue, count(*) AS n, min(run_at) AS earliest FROM moved
+             GROUP BY queue LIMIT 50) AS g
+)
+SELECT coalesce(names.n, 0) AS promoted,
+       CASE WHEN names.n > 0
+            THEN pg_notify(%(channel)s, CASE WHEN names.odd OR names.earliest IS NULL
+                                                  OR octet_length(names.list) > 7000
+                                             THEN ''
+                                             ELSE names.list || ',' || chr(30)
+                                                  || names.earliest::text END)::text END
+           AS notified,
+       extract(epoch FROM (SELECT min(run_at) FROM {schema}.tasks
+                            WHERE state = 'scheduled' AND run_at > now()) - now())::float8
+           AS next_due_in,
+       names.queues, names.earliest
+  FROM names;
+
+-- name: make_due
+-- worker.testing only (no worker runs it): a test that asks to run tasks "as of" a later time
+-- makes the scheduled rows due by then (%(until)s) queued, as promote would once that time came.
+-- Their run_at becomes now(), since the claim takes only rows with run_at <= now().
+UPDATE {schema}.tasks
+   SET state = 'queued', run_at = now()
+ WHERE state = 'scheduled' AND run_at <= %(until)s
+RETURNING id;
+
+-- name: claim
+-- Take up to `limit` rows of the given queues, in that order of queues, and make them ours in one
+-- statement, whatever the number of queues. SKIP LOCKED lets concurrent workers take different
+-- rows without waiting on each other. The lease is set by the database clock, so clock skew
+-- between machines does not matter.
+--
+-- Only due rows are in the claim index (delayed ones wait as 'scheduled'), so a claim reads the
+-- first entries of each queue and stops. Dead entries are the other thing a scan can walk: rows
+-- claimed since the last vacuum leave them at the front of the queue's range, and they pile up
+-- while a long transaction elsewhere holds vacuum back. So each queue is read from a little
+-- before where this worker's last claim stopped: the floor (floor_run_at, floor_id, within the
+-- priority cursor_priority) trails the last claimed row by a short look-back (see ClaimCursor)
+-- for rows that committed late. Three ranges together are the whole queue in claim order:
+--   1. higher priorities than the cursor's, from their start;
+--   2. the cursor's priority, from the floor;
+--   3. lower priorities, from their start.
+-- A row that commits further behind than the floor is found by `behind` (run by the
+-- maintenance thread), which sends this worker back to the start of that queue.
+WITH picked AS (
+    SELECT c.id
+      FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
+                  %(floor_run_at)s::timestamptz[], %(floor_id)s::bigint[])
+           AS q(name, neg_priority, run_at, id)
+     CROSS JOIN LATERAL (
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) < q.neg_priority
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS higher
+        UNION ALL
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
+               AND (run_at, id) >= (q.run_at, q.id)
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS current
+        UNION ALL
+        SELECT id FROM (
+            SELECT id FROM {schema}.tasks
+             WHERE state = 'queued' AND queue = q.name AND (-priority) > q.neg_priority
+               AND run_at <= now()
+             ORDER BY (-priority), run_at, id
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS lower
+        LIMIT %(limit)s
+     ) AS c
+     -- A paused queue (schema/0009) gives nothing: one probe of a small table per queue, read in
+     -- this statement's snapshot, so a pause holds from the moment it commits, fleet-wide.
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
+     LIMIT %(limit)s
+)
+UPDATE {schema}.tasks AS t
+   SET state = 'in_progress',
+       attempts = t.attempts + 1,
+       -- NULL: the producer left it to the handler (schema/0003); this worker's handlers say.
+       -- A task this worker has no handler for keeps NULL: it is handed back (hand_back) and
+       -- its own handler decides later.
+       max_attempts = coalesce(
+           t.max_attempts,
+           (SELECT h.max_attempts
+              FROM unnest(%(handler_tasks)s::text[], %(handler_max_attempts)s::integer[])
+                   AS h(task, max_attempts)
+             WHERE h.task = t.task)),
+       worker_id = %(worker_id)s,
+       started_at = now(),
+       lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+-- = ANY(ARRAY(...)) makes the planner fetch the picked rows by primary key; a join against the
+-- CTE may be planned as a hash join over a scan of the whole table.
+ WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
+-- The payload comes back as text: the worker decodes it per task, outside this transaction, so a
+-- payload the driver cannot decode (nested thousands deep, a number of thousands of digits) fails
+-- its own task instead of this claim. Times the driver cannot represent (rows from before
+-- migration 0004 refused them) come back as the nearest it can.
+RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, t.queue,
+          t.priority,
+          CASE WHEN isfinite(t.run_at) THEN t.run_at ELSE '0001-01-01 00:00:00+00' END AS run_at,
+          CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END AS created_at,
+          now() AS claimed_at,
+          -- For the metrics journal (worker/monitor/metrics/journal.py): saves it a round trip per batch.
+          pg_current_xact_id()::text AS xid,
+          -- The producer's trace context (schema/0013): NULL unless a traced producer wrote it,
+          -- as text for the same reason as the payload.
+          t.trace_context::text AS trace_context;
+
+-- name: claim_limited
+-- The claim of one limited queue (see the function in schema/0014): it serialises with the other
+-- claims of that queue and takes only what its limits allow. A row with a NULL id carries
+-- wait_seconds: a rate limit held work back until then.
+SELECT * FROM {schema}.claim_limited(
+    %(queue)s, %(worker_id)s, %(limit)s, %(lease_seconds)s,
+    %(handler_tasks)s::text[], %(handler_max_attempts)s::integer[]);
+
+-- name: due_queues
+-- Of the given queues, those with a row ready to claim: one index probe each, no lock. The
+-- maintenance thread of a worker serving many queues asks this once a second, instead of the
+-- claim reading every queue (see Batcher). Paused queues are left out, as in the claim.
+SELECT q.name
+  FROM unnest(%(queues)s::text[]) AS q(name)
+ WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
+   AND EXISTS (
+    SELECT 1 FROM {schema}.tasks
+     WHERE state = 'queued' AND queue = q.name AND run_at <= now());
+
+-- name: behind
+-- The queues (of those given) with a claimable row that committed further behind this worker's
+-- cursor than the claim's look-back window: a producer transaction that ran long, or a run_at set
+-- in the past. Read by the maintenance thread, off the claim path, since this walks the dead
+-- entries the claim avoids.
+SELECT q.name
+  FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
+              %(floor_run_at)s::timestamptz[], %(floor_id)s::bigint[])
+       AS q(name, neg_priority, run_at, id)
+ WHERE EXISTS (
+    SELECT 1 FROM {schema}.tasks
+     WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
+       AND (run_at, id) < (q.run_at, q.id));
+
+-- name: wake_handed_back
+-- A worker that has handlers for %(tasks)s started: the rows of those tasks that workers without
+-- the handler handed back are due at once, now that a worker that has it is here.
+UPDATE {schema}.tasks
+   SET run_at = now()
+ WHERE state = 'scheduled'
+   AND handed_back > 0
+   AND left(task, 255) = ANY(ARRAY(SELECT left(n, 255) FROM unnest(%(tasks)s::text[]) AS n))
+   AND task = ANY(%(tasks)s::text[])
+   AND run_at > now();

@@ -1,0 +1,57 @@
+"""Rescue and retention: the running rows of a dead worker process go back at once
+(``worker_died``), rows whose lease lapsed go back on the next pass (``rescue``), and finished
+rows past their retention are deleted (``purge``).
+
+Every statement is in ``recovery.sql`` beside this module.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import psycopg
+
+from .acks import HISTORY
+from .statements import statements
+
+
+def worker_died(
+    conn: psycopg.Connection, schema: str, *, worker_id: str, error: str
+) -> list[tuple[int, str, str, str]]:
+    """A dead worker process's running rows go back now (see queries/tasks.sql, worker_died)."""
+    params = {"worker_id": worker_id, "error": error, **HISTORY}
+    rows = conn.execute(statements(schema)["worker_died"], params).fetchall()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def rescue(
+    conn: psycopg.Connection, schema: str, *, limit: int = 1000, since: datetime | None = None
+) -> list[tuple[int, str, str, str]]:
+    """Expired in_progress -> queued or failed, of the rows whose lease ran out at ``since`` or
+    later (None: all). Returns (id, queue, task, new state) per row."""
+    rows = conn.execute(
+        statements(schema)["rescue"], {"limit": limit, "since": since, **HISTORY}
+    ).fetchall()
+    return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def purge(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    done_seconds: float,
+    failed_seconds: float,
+    cron_keep_seconds: float,
+    limit: int = 5000,
+) -> int:
+    """Delete one batch of finished rows past retention; returns how many went."""
+    cur = conn.execute(
+        statements(schema)["purge"],
+        {
+            "done_seconds": done_seconds,
+            "failed_seconds": failed_seconds,
+            "cron_keep_seconds": cron_keep_seconds,
+            "limit": limit,
+        },
+    )
+    return cur.rowcount

@@ -1,0 +1,115 @@
+-- Rescue of rows whose worker died or whose lease lapsed, and retention of finished rows.
+-- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+
+-- name: worker_died
+-- The supervisor saw one of its worker processes die: its rows go back at once instead of
+-- waiting for their leases (or to failed when that was their last attempt, as in rescue), each
+-- with an error that says how the process died and which tasks it was running. The attempt
+-- counts, as every claimed attempt does: the supervisor cannot tell the task that crashed the
+-- process from its neighbours, and a task that kills its process must still run out of attempts.
+-- The error joins the history (see retry).
+-- A row someone asked to cancel ends 'cancelled' (schema/0010).
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                    WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
+       run_at = now(),
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL
+                               OR t.attempts >= t.max_attempts THEN now() END,
+       (last_error, errors) = (
+           SELECT e.error,
+                  jsonb_path_query_array(
+                      coalesce(t.errors, '[]') || jsonb_build_object(
+                          'attempt', t.attempts, 'at', now(),
+                          'error', left(e.error, %(history_chars)s), 'worker_id', t.worker_id),
+                      '$[last - $keep + 1 to last]',
+                      jsonb_build_object('keep', %(history)s::integer))
+             FROM (SELECT left(%(error)s || ' during attempt ' || t.attempts
+                               || '; tasks it was running: ' || d.running, 4000) AS error) AS e),
+       lease_expires_at = NULL
+  FROM (SELECT id, string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
+          FROM {schema}.tasks
+         WHERE worker_id = %(worker_id)s
+           AND state = 'in_progress'
+         LIMIT 1000) AS d
+ WHERE t.id = d.id
+   AND t.state = 'in_progress'
+   AND t.worker_id = %(worker_id)s
+RETURNING t.id, t.queue, t.task, t.state::text AS state;
+
+-- name: rescue
+-- Any worker runs this now and then; no leader is needed. Rows whose lease ran out (their worker
+-- died, hung or lost its connection) become claimable again, or failed when out of attempts; the
+-- attempt that died was counted when it was claimed. SKIP LOCKED keeps concurrent rescuers apart.
+-- The error joins the history (see retry).
+-- A row someone asked to cancel (schema/0010) is not put back: it ends 'cancelled'.
+-- %(since)s (NULL: no bound) starts the walk a little before this worker's last complete pass:
+-- rows whose lease ran out earlier were there to take then. Without it, each pass would walk
+-- the dead entries that every finished task leaves in tasks_lease_idx, and those pile up by the
+-- hundred thousand while a long transaction elsewhere holds vacuum back. A full pass now and
+-- then (see Maintenance.rescue) takes what a pass skipped because its row was locked.
+WITH expired AS (
+    SELECT id
+      FROM {schema}.tasks
+     WHERE state = 'in_progress'
+       AND lease_expires_at < now()
+       AND lease_expires_at >= coalesce(%(since)s::timestamptz, '-infinity')
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.tasks AS t
+   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                    WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
+       run_at = now(),
+       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL
+                               OR t.attempts >= t.max_attempts THEN now() END,
+       (last_error, errors) = (
+           SELECT e.error,
+                  jsonb_path_query_array(
+                      coalesce(t.errors, '[]') || jsonb_build_object(
+                          'attempt', t.attempts, 'at', now(),
+                          'error', left(e.error, %(history_chars)s), 'worker_id', t.worker_id),
+                      '$[last - $keep + 1 to last]',
+                      jsonb_build_object('keep', %(history)s::integer))
+             FROM (SELECT format('LeaseExpired: worker %%s stopped renewing its lease during '
+                                 'attempt %%s (it died, hung or lost its connection)',
+                                 t.worker_id, t.attempts) AS error) AS e),
+       lease_expires_at = NULL
+-- See claim: primary-key look-ups, never a scan of the table.
+ WHERE t.id = ANY(ARRAY(SELECT id FROM expired))
+RETURNING t.id, t.queue, t.task, t.state::text AS state;
+
+-- name: purge
+-- Retention: delete finished rows past their retention in small batches, oldest first. Done and
+-- cancelled rows (kept `done_seconds`) and failed ones (kept `failed_seconds` too, usually much
+-- longer) are read from two indexes (schema/0007), so a round reads only the entries it deletes
+-- and never walks the failures it keeps. Done rows go first; failed ones fill what is left of the
+-- batch. Cron rows are kept at least `cron_keep_seconds` so that a late, clock-skewed node cannot
+-- enqueue the same slot again.
+DELETE FROM {schema}.tasks
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM (
+        SELECT id FROM (
+            SELECT id
+              FROM {schema}.tasks
+             WHERE state IN ('done', 'cancelled')
+               AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+               AND (cron_key IS NULL
+                    OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+             ORDER BY finished_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS done
+        UNION ALL
+        SELECT id FROM (
+            SELECT id
+              FROM {schema}.tasks
+             WHERE state = 'failed'
+               AND finished_at < now() - make_interval(secs => %(failed_seconds)s)
+               AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+               AND (cron_key IS NULL
+                    OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+             ORDER BY finished_at
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED) AS failed
+        LIMIT %(limit)s) AS expired
+ ));
