@@ -17,6 +17,7 @@ from psycopg import sql
 
 import worker
 from worker import store as tr
+from worker.db import connect as factory
 from worker.db.sql import notify_channel
 from worker.engine.batch import Batcher
 from worker.engine.maintenance import Maintenance, MaintenanceConfig
@@ -509,8 +510,7 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
     conn.execute(f"ALTER TABLE {schema}.tasks SET (autovacuum_enabled = false)")
     conn.execute(f"VACUUM ANALYZE {schema}.tasks")  # empty, as after a TRUNCATE and a vacuum
     me = "00000000-0000-0000-0000-0000000000aa"
-    with psycopg.connect(pg_dsn, autocommit=True, prepare_threshold=5) as w:
-        w.execute(q["session_index_plans"])
+    with factory.connect(pg_dsn, factory.CLAIM) as w:  # prepared, plans on the indexes
 
         def one_round() -> int:
             conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'q')")

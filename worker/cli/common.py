@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
+from ..db import connect as factory
 from ..db.dsn import dsn_source_from_env, parse_dsn, redact, remember_secret, scrub
 from ..db.migrate import require_schema
 from ..db.sql import validate_schema_name
@@ -179,7 +180,7 @@ def connect_dsn(dsn: str) -> psycopg.Connection:
     """Connect, or fail with one line that names the database without its password. The
     driver's message is scrubbed too: libpq quotes the values it rejects."""
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        return factory.connect(dsn, factory.CLI)
     except psycopg.Error as exc:
         text = str(exc).strip()
         first = scrub(text.splitlines()[0]) if text else type(exc).__name__

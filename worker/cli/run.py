@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from ..db.connect import CLI, connect
 from ..engine.loop import Worker, WorkerConfig
 from ..engine.supervisor import (
     DSN_OPTIONS,
@@ -296,7 +297,7 @@ def _wait_for_database(dsn: str, schema: str) -> None:
     delay = 0.5
     while os.getppid() == parent:  # no waiting on for a supervisor that is gone
         try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            with connect(dsn, CLI) as conn:
                 require(conn, schema)
             return
         except psycopg.OperationalError as exc:

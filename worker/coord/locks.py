@@ -36,7 +36,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from ..db.connect import Target, borrow
+from ..db.connect import CLIENT, Target, borrow, connect
 from ..db.dsn import dsn_from_env
 from ..db.sql import execute, queries, validate_schema_name
 from ..errors import ConfigError, WorkerError
@@ -148,7 +148,7 @@ class ExclusiveLock:
         if isinstance(target, str):
             with self._conn_lock:
                 if self._own_conn is None or self._own_conn.closed:
-                    self._own_conn = psycopg.connect(target, autocommit=True, connect_timeout=10)
+                    self._own_conn = connect(target, CLIENT)
                 conn = self._own_conn
             yield conn
         else:

@@ -11,17 +11,21 @@ SELECT set_config('jit', 'off', true);
 SELECT now() AS now;
 
 -- name: session_statement_timeout
--- The lease keeper's connection: a renewal that cannot finish in time fails instead of waiting.
+-- The statement timeout of the rest of the session (vacuum lifts it for its own statement).
 SELECT set_config('statement_timeout', %(ms)s, false);
 
--- name: session_index_plans
--- The worker's own connections (claim loop, lease keeper, maintenance): every statement they run
--- is meant to reach its rows through an index. Their statements are prepared, and PostgreSQL soon
--- caches a generic plan, costed with the table's statistics of that moment. A worker that starts
--- on an empty or freshly truncated table would keep a sequential scan for good, and the claim
--- would then read the whole table, done rows and dead versions included, each time: measured at
--- 2,000 buffers per claim once the table held 9,000 finished rows, and growing with it. Ruling
--- sequential scans out here keeps every plan, cached or not, on the indexes, whatever the table
--- held when it was made. Behind PgBouncer (no session settings) nothing is prepared, so each
--- statement is planned afresh against the table's actual size.
-SELECT set_config('enable_seqscan', 'off', false);
+-- name: session_settings
+-- A duty's session settings (worker.db.connect), in one round trip when a connection is made:
+-- its statement and lock timeouts ('0': the server's default) and, for the worker's own
+-- connections (claim loop, lease keeper, maintenance), plans kept on the indexes. Every statement
+-- those connections run is meant to reach its rows through an index. Their statements are
+-- prepared, and PostgreSQL soon caches a generic plan, costed with the table's statistics of that
+-- moment: a worker that starts on an empty or freshly truncated table would keep a sequential scan
+-- for good, and the claim would then read the whole table, done rows and dead versions included,
+-- each time (measured at 2,000 buffers per claim once the table held 9,000 finished rows, and
+-- growing with it). Ruling sequential scans out keeps every plan, cached or not, on the indexes,
+-- whatever the table held when it was made. Behind PgBouncer (no session settings) nothing is
+-- prepared, so each statement is planned afresh against the table's actual size.
+SELECT set_config('statement_timeout', %(statement_ms)s, false),
+       set_config('lock_timeout', %(lock_ms)s, false),
+       set_config('enable_seqscan', %(seqscan)s, false);

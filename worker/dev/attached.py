@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psycopg
-
+from ..db.connect import CLI, connect
 from ..db.sql import queries
 
 SQL_DIR = Path(__file__).resolve().parent
@@ -15,7 +14,7 @@ SQL_DIR = Path(__file__).resolve().parent
 def attached_workers(dsn: str) -> list[tuple[str, int]]:
     """(database, worker processes) for each database with workers connected; raises
     psycopg.Error when the server cannot be asked."""
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+    with connect(dsn, CLI) as conn:
         rows = conn.execute(queries("worker", SQL_DIR)["embedded_attached_workers"]).fetchall()
     return [(str(db), int(n)) for db, n in rows]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from ..db.connect import BENCH, connect
 from ..tasks.enqueue import enqueue_many
 from .bench_ceiling import ceiling
 from .bench_phases import (
@@ -186,7 +187,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "drain_concurrency_limit": [],
         "drain_rate_limit": [],
     }
-    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as holder:
+    with connect(dsn, BENCH) as conn, connect(dsn, BENCH, autocommit=False) as holder:
         reset(conn)
         for _ in range(args.rounds):
             truncate(conn, finished=args.finished)

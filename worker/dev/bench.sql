@@ -66,7 +66,8 @@ SELECT count(*) AS n,
 -- path still counts. The light-load phases read their CPU time from /proc when the server runs
 -- on this machine. Other workers on the same database would be counted too: bench alone.
 SELECT pid FROM pg_stat_activity
- WHERE datname = current_database() AND application_name LIKE 'worker%%';
+ WHERE datname = current_database()
+   AND (application_name = 'worker' OR application_name LIKE 'worker-%%');
 
 -- name: bench_server_is_local
 -- NULL over a Unix socket.

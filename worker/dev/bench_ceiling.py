@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 
+from ..db.connect import CEILING, connect
 from ..db.sql import queries
 
 # The statements of this room lie beside its modules (the core never loads them).
@@ -76,7 +77,7 @@ def ceiling(dsn: str, schema: str, *, batch: int, connections: int, delete: bool
     conns: list[psycopg.Connection] = []
     try:
         for _ in range(connections):
-            conns.append(psycopg.connect(dsn, application_name="worker-bench-ceiling"))
+            conns.append(connect(dsn, CEILING, autocommit=False))
         start = threading.Barrier(connections + 1)
         done: list[int] = []  # list.append is atomic: one list for every thread
         errors: list[BaseException] = []

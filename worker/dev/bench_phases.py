@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from ..db.connect import BENCH, connect
 from ..db.migrate import migrate
 from ..db.sql import queries
 from ..tasks.enqueue import enqueue
@@ -286,7 +287,7 @@ def light_held(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> 
     truncate(conn)
     base = serve(conn, dsn, args, n=max(int(rate * 60), 1), rate=rate)
     truncate(conn)
-    with psycopg.connect(dsn) as holder:
+    with connect(dsn, BENCH, autocommit=False) as holder:
         holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
         held = serve(conn, dsn, args, n=max(int(rate * args.held_seconds), 1), rate=rate)
         holder.rollback()

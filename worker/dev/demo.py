@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from ..db.connect import BENCH, connect
 from ..db.dsn import scrub
 from ..db.migrate import migrate
 from ..db.sql import queries
@@ -42,7 +43,7 @@ _LOG_EVERY = 5.0  # ... and between summary lines when stdout is a file or a pip
 def main(args: argparse.Namespace, dsn: str, *, embedded: bool = False) -> int:
     """``worker demo``; the CLI resolves the DSN (flag, environment or embedded server)."""
     schema = args.schema if args.schema != "worker" else "worker_demo"
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with connect(dsn, BENCH) as conn:
         migrate(conn, schema)
         if args.tasks is not None:
             print(f"demo: schema {schema}, {args.processes} worker processes, {args.tasks} tasks")

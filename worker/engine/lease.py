@@ -26,7 +26,7 @@ import psycopg
 
 from .. import store
 from ..coord import cancel as _cancel
-from ..db.connect import OwnConnection
+from ..db.connect import LEASE, OwnConnection
 from ..db.sql import Queries
 
 log = logging.getLogger("worker")
@@ -81,11 +81,8 @@ class LeaseKeeper:
         # retry on a new connection rather than queue behind whatever holds it up.
         self._conn = OwnConnection(
             dsn,
-            name="worker-lease",
-            prepare=prepare,
-            timeout_ms=max(int(lease_seconds * 1000 / 3), 100),
-            timeout_query=q["session_statement_timeout"],
-            plans_query=q["session_index_plans"],
+            LEASE.with_timeouts(statement_ms=max(int(lease_seconds * 1000 / 3), 100)),
+            session=prepare,
         )
         self.last_renewal = time.monotonic()  # when a renewal last succeeded
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 import psycopg
 from psycopg import sql
 
+from ..db.connect import LISTEN, Backoff, connect
+
 log = logging.getLogger("worker")
 
 Callback = Callable[[str | None], None]
@@ -39,15 +41,13 @@ class Listener:
             self._thread.join(timeout=2)
 
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, 2.0)
         while not self._stop.is_set():
             try:
-                with psycopg.connect(
-                    self.dsn, autocommit=True, connect_timeout=5, application_name="worker-listen"
-                ) as conn:
+                with connect(self.dsn, LISTEN) as conn:
                     for channel in self.channels:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    backoff = 0.5
+                    backoff.reset()
                     self.connected = True
                     for wake in self.channels.values():
                         wake(None)  # something may have come while we were not listening
@@ -65,8 +65,7 @@ class Listener:
                 log.info(
                     "listener disconnected (%s); polling until it reconnects", type(exc).__name__
                 )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                self._stop.wait(backoff.next())
         self.connected = False
 
 

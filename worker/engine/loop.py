@@ -37,7 +37,7 @@ from psycopg_pool import ConnectionPool
 from .. import store
 from ..coord import cancel as _cancel
 from ..coord.cron import make_ticker
-from ..db.connect import OwnConnection
+from ..db.connect import CLAIM, HANDLERS, Backoff, OwnConnection, pool
 from ..db.migrate import require_schema
 from ..db.sql import cancel_channel, notify_channel, queries
 from ..errors import Cancelled, LostLease, PayloadError
@@ -127,9 +127,8 @@ class Worker:
         # The main thread's own connection, made again after an error (no pool backoff).
         self._conn = OwnConnection(
             config.dsn,
-            name="worker",
-            prepare=config.prepare,
-            plans_query=self.q["session_index_plans"],
+            CLAIM,
+            session=config.prepare,
             on_connect=self._listen if self._listens_here else None,
         )
         self._hooks_lock = threading.RLock()  # one counted transaction at a time (see counted)
@@ -215,17 +214,13 @@ class Worker:
 
     def run(self) -> int:
         cfg = self.config
-        self.pool = ConnectionPool(
+        self.pool = pool(
             cfg.dsn,
-            min_size=0,
+            HANDLERS,
             max_size=cfg.concurrency,
-            kwargs={"autocommit": True, "prepare_threshold": 5 if cfg.prepare else None},
-            open=False,
             name=f"worker-{self.id[:8]}",
-            timeout=5.0,
-            check=ConnectionPool.check_connection,
+            session=cfg.prepare,
         )
-        self.pool.open()
         started: list[Any] = []
         try:
             conn = self._conn.get()
@@ -283,7 +278,7 @@ class Worker:
 
     def _loop(self) -> None:
         cfg = self.config
-        backoff = 0.0
+        backoff = Backoff(0.1, _MAX_BACKOFF)
         more = True  # the last claim came back full: claim again without waiting
         while not self._stop.is_set():
             wait = 0.0 if more else self._wait_time()
@@ -317,33 +312,33 @@ class Worker:
                     # as the tasks run, and cancels would wait for the poll. Connect (and LISTEN).
                     self._conn.get()
                 self._touch(now)
-                backoff = 0.0
+                backoff.reset()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self._conn.close()
-                backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
+                delay = backoff.next()
                 more = False
                 with self._hooks_lock:
                     self.hooks.db_error(self, exc)
                 log.warning(
                     "database unavailable (%s); retrying in %.1fs",
                     str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
-                    backoff,
+                    delay,
                 )
                 # Retrying is not stuck: tell the supervisor so (see engine.supervisor), or an
                 # outage longer than its stuck limit gets every worker process killed.
                 self._touch(time.monotonic(), force=True)
-                self._stop.wait(backoff)
+                self._stop.wait(delay)
             except psycopg.Error as exc:
                 # Not an outage, and not one row's fault (rows are decoded per task, outside
                 # this transaction): say so, and keep going rather than take the process down.
                 self._conn.close()
-                backoff = min(max(backoff * 2, 0.1), _MAX_BACKOFF)
+                delay = backoff.next()
                 more = False
                 with self._hooks_lock:
                     self.hooks.db_error(self, exc)
                 log.error("claim or acknowledgement failed: %s", _first_line(exc)[:500])
                 self._touch(time.monotonic(), force=True)
-                self._stop.wait(backoff)
+                self._stop.wait(delay)
 
     def _touch(self, now: float, *, force: bool = False) -> None:
         if self._liveness and (force or now - self._touched >= 1.0):

@@ -24,7 +24,7 @@ import psycopg
 
 from .. import store
 from ..coord.cron import Ticker
-from ..db.connect import OwnConnection
+from ..db.connect import MAINTENANCE, Backoff, OwnConnection
 from ..db.sql import Queries
 from .vacuum import Vacuumer
 
@@ -94,12 +94,7 @@ class Maintenance:
         self._thread: threading.Thread | None = None
         # Bounds how long one statement may hold maintenance up (and the hooks lock, for rescue).
         self._conn = OwnConnection(
-            dsn,
-            name="worker-maintenance",
-            prepare=prepare,
-            timeout_ms=_STATEMENT_TIMEOUT_MS,
-            timeout_query=q["session_statement_timeout"],
-            plans_query=q["session_index_plans"],
+            dsn, MAINTENANCE.with_timeouts(statement_ms=_STATEMENT_TIMEOUT_MS), session=prepare
         )
 
     def start(self) -> None:
@@ -124,7 +119,7 @@ class Maintenance:
             "probe": now + self._probe_seconds if self._probe is not None else float("inf"),
             "vacuum": now + self._vacuum.interval if self._vacuum is not None else float("inf"),
         }
-        backoff = 0.0
+        backoff = Backoff(0.5, 5.0)
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -157,16 +152,16 @@ class Maintenance:
                 if now >= due["purge"]:
                     self.purge()
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
-                backoff = 0.0
+                backoff.reset()
             except Exception as exc:  # never die: a dead maintainer would rescue nothing again
                 self._conn.close()
-                backoff = min(max(backoff * 2, 0.5), 5.0)
+                delay = backoff.next()
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 if isinstance(exc, psycopg.Error):
-                    log.warning("maintenance failed (%s); retrying in %.1fs", first, backoff)
+                    log.warning("maintenance failed (%s); retrying in %.1fs", first, delay)
                 else:
-                    log.exception("maintenance failed; retrying in %.1fs", backoff)
-                self._stop.wait(backoff)
+                    log.exception("maintenance failed; retrying in %.1fs", delay)
+                self._stop.wait(delay)
                 continue
             wake = min(due.values())
             self._stop.wait(min(max(wake - time.monotonic(), 0.01), 1.0))

@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 
 from .. import store
+from ..db.connect import SUPERVISOR, connect
 from .job import display
 
 log = logging.getLogger("worker.supervisor")
@@ -257,7 +258,7 @@ class Supervisor:
 
     def _worker_died(self, dsn: str, schema: str, worker_id: str, error: str) -> None:
         try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            with connect(dsn, SUPERVISOR) as conn:
                 rows = store.worker_died(conn, schema, worker_id=worker_id, error=error)
         except psycopg.Error as exc:
             log.warning(

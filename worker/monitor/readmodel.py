@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..coord import pause as _pause
+from ..db.connect import METRICS, READYZ, connect
 from ..db.dsn import redact, scrub
 from ..db.migrate import current_version, latest_version
 from ..db.sql import queries
@@ -173,22 +174,10 @@ class Database:
         for attempt in (1, 2):
             fresh = self._conn is None or self._conn.closed
             if fresh:
-                conn = psycopg.connect(
-                    self.dsn,
-                    autocommit=True,
-                    connect_timeout=self.connect_timeout,
-                    application_name="worker-metrics",
-                    # Never prepared: a few statements every few seconds gain nothing from it,
-                    # and PgBouncer in transaction mode may not know a prepared name.
-                    prepare_threshold=None,
-                    # statement_timeout needs a live server; these notice a vanished one (no RST)
-                    # in seconds instead of the kernel's minutes, so scrapes never hang on it.
-                    keepalives=1,
-                    keepalives_idle=10,
-                    keepalives_interval=5,
-                    keepalives_count=3,
-                    tcp_user_timeout=15000,
-                )
+                # Never prepared, no session setting: PgBouncer in transaction mode may sit
+                # between (statement timeouts are set per transaction, below).
+                duty = replace(METRICS, connect_timeout=self.connect_timeout)
+                conn = connect(self.dsn, duty, session=False)
                 conn.read_only = True
                 self._conn = conn
             conn = self._conn
@@ -387,13 +376,7 @@ class Database:
 
     def _check_ready(self) -> tuple[bool, str]:
         try:
-            with psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=2,
-                application_name="worker-readyz",
-                prepare_threshold=None,
-            ) as conn:
+            with connect(self.dsn, READYZ, session=False) as conn:
                 version = current_version(conn, self.schema)
         except psycopg.Error as exc:
             return False, f"database unreachable: {_first_line(exc)}"

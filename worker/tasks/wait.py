@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from ..db.arrays import int_array
-from ..db.connect import Target, borrow
+from ..db.connect import WAIT, Target, borrow, connect, connect_async
 from ..db.sql import queries
 from ..errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
 from .results import done_channel
@@ -142,9 +142,7 @@ def _borrow(target: Target) -> Iterator[psycopg.Connection]:
     """As ``db.connect.borrow``, but a DSN's connection prepares nothing: a wait polls one statement
     over and over, and behind PgBouncer in transaction mode a prepared statement breaks."""
     if isinstance(target, str):
-        with psycopg.connect(
-            target, autocommit=True, connect_timeout=10, prepare_threshold=None
-        ) as conn:
+        with connect(target, WAIT, session=False) as conn:
             yield conn
     else:
         with borrow(target) as conn:
@@ -154,9 +152,7 @@ def _borrow(target: Target) -> Iterator[psycopg.Connection]:
 @contextlib.asynccontextmanager
 async def _borrow_async(target: AsyncTarget) -> AsyncIterator[psycopg.AsyncConnection]:
     if isinstance(target, str):
-        conn = await psycopg.AsyncConnection.connect(
-            target, autocommit=True, connect_timeout=10, prepare_threshold=None
-        )
+        conn = await connect_async(target, WAIT, session=False)
         async with conn:
             yield conn
     elif isinstance(target, AsyncConnectionPool):

@@ -15,11 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 
 from ..db.arrays import int_array
+from ..db.connect import WAIT, Backoff, connect
 from ..db.sql import Queries, queries
 from ..errors import WaitTimeout, WorkerError
 from .results import done_channel
@@ -163,24 +165,19 @@ class Waiter:
     # -- the thread ------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(0.2, 2.0)
         while not self._stop.is_set():
             try:
-                with psycopg.connect(
-                    self.dsn,
-                    autocommit=True,
-                    connect_timeout=5,
-                    application_name=self.application_name,
-                    prepare_threshold=None,  # PgBouncer in transaction mode cannot keep them
-                ) as conn:
+                # Never prepared (WAIT): PgBouncer in transaction mode cannot keep them.
+                duty = replace(WAIT, name=self.application_name, connect_timeout=5)
+                with connect(self.dsn, duty, session=False) as conn:
                     if self.listen:
                         conn.execute(listen_statement(self.channel))
-                    backoff = 0.2
+                    backoff.reset()
                     self._serve(conn)
             except psycopg.Error as exc:
                 log.info("waiter disconnected (%s); reconnecting", type(exc).__name__)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                self._stop.wait(backoff.next())
 
     def _serve(self, conn: psycopg.Connection) -> None:
         next_poll = 0.0  # (re)connected: anything may have finished meanwhile

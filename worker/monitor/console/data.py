@@ -10,13 +10,12 @@ settled minute and kept (see ``Throughput``).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,8 +23,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.datetime import TimestamptzLoader
+from psycopg_pool import PoolTimeout
 
 from ...coord import pause as _pause
+from ...db.connect import CONSOLE, pool
 from ...db.dsn import scrub
 from ...db.sql import queries
 from ...ops import actions
@@ -40,6 +41,8 @@ T = TypeVar("T")
 
 PAGE_ROWS = 50
 SCAN_ROWS = 100_000  # rows a job page walks at most
+# Longest a request waits for one of the console's connections (all busy, or none can be made).
+LOAN_SECONDS = 2.0
 BULK_SCAN_ROWS = 500_000  # rows a bulk action walks at most to find its tasks
 STATEMENT_TIMEOUT_MS = 5000
 ROW_CHARS = 200  # error and payload on a row of the browser
@@ -122,101 +125,59 @@ def browse_statement(
     return f"browse_{f.mode}", params
 
 
-class _Connections:
-    """At most ``size`` connections, opened on demand and kept between requests. No pool thread
-    retries in the background: with the database down, a request fails as fast as its connect
-    does, and the page says so."""
-
-    def __init__(self, dsn: str, size: int, connect_timeout: int) -> None:
-        self.dsn = dsn
-        self.connect_timeout = connect_timeout
-        self._slots = threading.BoundedSemaphore(size)
-        self._idle: list[psycopg.Connection] = []
-        self._lock = threading.Lock()
-
-    def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(
-            self.dsn,
-            autocommit=True,
-            connect_timeout=self.connect_timeout,
-            application_name="worker-console",
-            prepare_threshold=None,  # see queries/browse.sql: the planner sees the values
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=5,
-            keepalives_count=3,
-            tcp_user_timeout=15000,
-        )
-        conn.adapters.register_loader("timestamptz", _Timestamptz)
-        return conn
-
-    @contextmanager
-    def connection(self) -> Iterator[tuple[psycopg.Connection, bool]]:
-        """A connection, and whether it was opened for this request (a kept one may have been
-        closed by the server since)."""
-        if not self._slots.acquire(timeout=STATEMENT_TIMEOUT_MS / 1000 + 5):
-            raise psycopg.OperationalError("the console's connections are all busy")
-        conn = None
-        try:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            fresh = conn is None
-            if conn is None:
-                conn = self._connect()
-            yield conn, fresh
-        except BaseException:
-            if conn is not None:
-                conn.close()
-                conn = None
-            raise
-        finally:
-            if conn is not None and not conn.closed:
-                with self._lock:
-                    self._idle.append(conn)
-            self._slots.release()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-
 class ConsoleData:
     def __init__(self, dsn: str, schema: str, *, ttl: float = 10.0, connect_timeout: int = 3):
         self.schema = schema
         self.q = queries(schema, SQL_DIR)
         self.ttl = ttl
-        self.connections = _Connections(dsn, 3, connect_timeout)
+        # Up to three connections, kept between requests and checked before each loan. With the
+        # database down a request fails within LOAN_SECONDS, and the page says so at once.
+        self.connections = pool(
+            dsn,
+            replace(CONSOLE, connect_timeout=connect_timeout),
+            max_size=3,
+            name="worker-console",
+            timeout=LOAN_SECONDS,
+            reconnect_timeout=LOAN_SECONDS,
+            session=False,
+            setup=lambda conn: conn.adapters.register_loader("timestamptz", _Timestamptz),
+        )
         self._minutes: dict[datetime, Minute] = {}
         self._throughput: tuple[float, Throughput] | None = None
         self._tp_lock = threading.Lock()
+        self._down_until = 0.0  # monotonic time until which loans fail at once (see _loan)
+        self._down_reason = ""
 
     def close(self) -> None:
         self.connections.close()
 
     def _run(self, fn: Callable[[psycopg.Connection], T], *, write: bool = False) -> T:
-        """``fn`` in a transaction under the statement timeout, READ ONLY unless ``write``. A read
-        that meets a broken kept connection runs once more on a new one; an action never runs
-        twice."""
-        for attempt in (1, 2):
-            fresh = True
-            try:
-                with self.connections.connection() as (conn, fresh), conn.transaction():
-                    if not write:
-                        conn.execute("SET TRANSACTION READ ONLY")
-                    conn.execute(
-                        "SELECT set_config('statement_timeout', %s, true),"
-                        " set_config('max_parallel_workers_per_gather', '0', true)",
-                        (str(STATEMENT_TIMEOUT_MS),),
-                    )
-                    conn.execute(self.q["no_jit"])
-                    return fn(conn)
-            except psycopg.OperationalError:
-                if fresh or write or attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+        """``fn`` in a transaction under the statement timeout, READ ONLY unless ``write`` (the
+        pool checks a kept connection before lending it, so an action never runs twice)."""
+        with self._loan() as conn, conn.transaction():
+            if not write:
+                conn.execute("SET TRANSACTION READ ONLY")
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true),"
+                " set_config('max_parallel_workers_per_gather', '0', true)",
+                (str(STATEMENT_TIMEOUT_MS),),
+            )
+            conn.execute(self.q["no_jit"])
+            return fn(conn)
+
+    @contextmanager
+    def _loan(self) -> Iterator[psycopg.Connection]:
+        """One of the console's connections. When none could be had a moment ago (the database
+        cannot be reached), fail at once: a page's other reads fail with its first."""
+        if time.monotonic() < self._down_until:
+            raise psycopg.OperationalError(self._down_reason)
+        try:
+            with self.connections.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:  # raised by the loan alone, never by what runs on it
+            self._down_until = time.monotonic() + LOAN_SECONDS
+            self._down_reason = str(exc)
+            raise
 
     # the job browser
 

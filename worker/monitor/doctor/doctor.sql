@@ -100,7 +100,8 @@ SELECT s.relname AS name, s.n_live_tup AS live, s.n_dead_tup AS dead,
 -- transaction. The backend_type of another role's session is hidden from a role without
 -- pg_read_all_stats: a session with a user and no visible type counts as a client.
 SELECT count(*) AS used,
-       count(*) FILTER (WHERE a.application_name LIKE 'worker%%') AS fleet,
+       count(*) FILTER (WHERE a.application_name = 'worker'
+                            OR a.application_name LIKE 'worker-%%') AS fleet,
        count(*) FILTER (WHERE a.datname = current_database()) AS this_database,
        count(*) FILTER (WHERE a.state IN ('idle in transaction',
                                           'idle in transaction (aborted)')) AS idle_in_transaction

@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+from ...db.connect import JOURNAL, connect
 from ...db.sql import queries
 from .instruments import instruments
 
@@ -252,7 +253,7 @@ def _transaction_status(dsn: str, schema: str, xid: str, timeout: float) -> str 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            with connect(dsn, JOURNAL) as conn:
                 while True:
                     row = conn.execute(query, {"xid": xid}).fetchone()
                     status = row[0] if row else None
