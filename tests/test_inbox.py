@@ -29,7 +29,7 @@ SLOW_POLL = 60.0
 
 
 def _claim_backend(tw) -> int:
-    conn = tw.worker._conn._conn
+    conn = tw.worker.conn.current
     assert conn is not None and not conn.closed
     return conn.info.backend_pid
 
