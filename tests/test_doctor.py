@@ -33,12 +33,12 @@ from worker.monitor.doctor.checks import (
     connection_findings,
     routing_findings,
     running_findings,
-    table_findings,
 )
 from worker.monitor.doctor.checkup import Report, diagnose
 from worker.monitor.doctor.claim import claim_findings
 from worker.monitor.doctor.findings import CODES, SEVERITIES, Finding, Thresholds, redact_query
 from worker.monitor.doctor.horizon import horizon_findings, slot_findings
+from worker.monitor.doctor.tables import table_findings
 from worker.monitor.page.health import render_doctor_panel
 from worker.monitor.readmodel import Database
 from worker.monitor.server import serve

@@ -19,8 +19,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from worker.dev import pginstall
 from worker.dev.embedded import EmbeddedError, EmbeddedPostgres, ensure_embedded, find_pg_bin
+from worker.dev.embedded import install as pginstall
 
 Factory = Callable[..., EmbeddedPostgres]
 
@@ -361,7 +361,7 @@ def test_ensure_embedded(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 _CREATE_USER = """
 import sys, time
-from worker.dev import pginstall
+from worker.dev.embedded import install as pginstall
 start = float(sys.argv[2])
 while time.time() < start:
     pass

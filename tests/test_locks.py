@@ -483,7 +483,7 @@ def test_locks_cli_lists_rows_and_releases_a_stuck_mutex(
 
 
 def test_purge_expired_locks_forgets_only_old_rows(conn: psycopg.Connection, schema: str) -> None:
-    from worker.coord.locks import purge_expired_locks
+    from worker.coord.exclusive import purge_expired_locks
 
     for name in ("a", "b", "c"):
         assert worker.ExclusiveLock(conn, name, ttl=60, schema=schema).acquire()

@@ -7,7 +7,8 @@ Importing it loads the queue's core only: the CLI (``worker.cli``), the monitor
 
 from .coord.advisory import AdvisoryLock, advisory_keys, advisory_lock
 from .coord.cancel import Cancellation, cancel
-from .coord.locks import ExclusiveLock, LockLost, Mutex, TimeoutLock, current_lock, exclusive
+from .coord.exclusive import current_lock, exclusive
+from .coord.locks import ExclusiveLock, LockLost, Mutex, TimeoutLock
 from .coord.pause import PausedQueue, pause_queue, paused_queues, resume_queue
 from .coord.schedule import cron, load_schedules, schedule
 from .db.migrate import migrate

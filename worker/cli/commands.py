@@ -14,8 +14,8 @@ from ..coord import pause as _pause
 from ..db.dsn import dsn_source_from_env, redact
 from ..db.migrate import migrate
 from ..dev import bench, demo
-from ..dev.attached import attached_workers
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from ..dev.embedded.attached import attached_workers
 from ..ops import actions as _actions
 from ..ops import bulk as _bulk
 from ..ops import status as _admin

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..coord.advisory import list_advisory_locks
-from ..coord.locks import DEFAULT_NAMESPACE, force_release, list_locks
+from ..coord.exclusive import force_release, list_locks
+from ..coord.locks import DEFAULT_NAMESPACE
 from .common import CliError, connect, print_json, require, table
 from .text import safe
 

@@ -153,7 +153,7 @@ class _RunObserver:
 
 def _fate(job: Job, outcome: Outcome) -> str:
     """What the acknowledgement makes of the run: the same rules as the complete and retry
-    statements (queries/tasks.sql): a cancel request wins over any outcome."""
+    statements (the store's acknowledgements): a cancel request wins over any outcome."""
     if job.cancel_requested:
         return "cancelled"
     if outcome.ok:

@@ -18,9 +18,6 @@ See docs/cron-and-locks.md for the trade-offs and the warnings.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
-import inspect
 import logging
 import os
 import random
@@ -33,11 +30,9 @@ from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from ..db.connect import CLIENT, Target, borrow, connect
-from ..db.dsn import dsn_from_env
 from ..db.sql import execute, queries, validate_schema_name
 from ..errors import ConfigError, WorkerError
 from ..hooks import emit
@@ -68,7 +63,7 @@ def validate_lock_name(name: str, what: str = "lock name") -> str:
     return name
 
 
-def _positive(value: float | None, what: str) -> float | None:
+def check_positive(value: float | None, what: str) -> float | None:
     if value is None:
         return None
     try:
@@ -122,7 +117,7 @@ class ExclusiveLock:
         reentrant: bool = True,
     ) -> None:
         self.name = validate_lock_name(name)
-        self.ttl = _positive(ttl, "ttl")
+        self.ttl = check_positive(ttl, "ttl")
         self.holder = (
             validate_lock_name(holder, "holder") if holder is not None else default_holder()
         )
@@ -202,7 +197,7 @@ class ExclusiveLock:
         Raises ``LockLost`` when the row is no longer this holder's: another instance took over
         after the lock expired, or an operator removed it. The job must stop at once.
         """
-        seconds = _positive(ttl, "ttl") if ttl is not None else self.ttl
+        seconds = check_positive(ttl, "ttl") if ttl is not None else self.ttl
         rows = self._run("lock_extend", {"name": self.name, "holder": self.holder, "ttl": seconds})
         if not rows:
             exc = LockLost(
@@ -256,7 +251,7 @@ class ExclusiveLock:
         and calls ``on_lost``; the job sees it through ``check()``. The lock is left to expire
         on exit unless ``release=True``.
         """
-        every = _positive(extend_every, "extend_every")
+        every = check_positive(extend_every, "extend_every")
         try:
             if not self.acquire(jitter=jitter):
                 yield self
@@ -362,119 +357,13 @@ class TimeoutLock(ExclusiveLock):
         super().__init__(target, name, ttl=ttl, holder=holder, schema=schema, reentrant=False)
 
 
-_current: contextvars.ContextVar[ExclusiveLock | None] = contextvars.ContextVar(
-    "worker_current_lock", default=None
-)
-
-
-def current_lock() -> ExclusiveLock:
-    """The lock held by the enclosing ``@exclusive`` function, for ``current_lock().check()``."""
-    lock = _current.get()
-    if lock is None:
-        raise RuntimeError("current_lock() is only available inside an @exclusive function")
-    return lock
-
-
-def exclusive(
-    name: str,
-    *,
-    target: Target | None = None,
-    ttl: float = 300.0,
-    schema: str | None = None,
-    extend_every: float | None = None,
-    jitter: float = 0.0,
-    release: bool = False,
-    holder: str | None = None,
-    on_lost: Callable[[LockLost], None] | None = None,
-) -> Callable[[Callable[P, R]], Callable[P, R | None]]:
-    """Run the decorated function only if this call wins lock ``name``; otherwise return None.
-
-    While it runs, the lock is extended in the background; the function calls
-    ``worker.current_lock().check()`` between steps to stop as soon as the lock is lost.
-    ``target`` defaults to $WORKER_DSN / $DATABASE_URL, ``schema`` to $WORKER_SCHEMA or
-    "worker". Each call is a new holder, so two overlapping calls in one process exclude each
-    other too. Stacks under ``@worker.task``/``@worker.cron`` (the handler's signature is kept).
-    """
-    validate_lock_name(name)
-    _positive(ttl, "ttl")
-    if schema is not None:
-        validate_schema_name(schema)
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R | None]:
-        if inspect.iscoroutinefunction(fn):
-            # The wrapper would return the coroutine and drop the lock before it ever ran.
-            raise ConfigError(
-                f"@exclusive({name!r}) supports plain functions, not async def "
-                f"{fn.__qualname__}; use ExclusiveLock.hold() in a thread instead"
-            )
-
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            where = target if target is not None else dsn_from_env()
-            if where is None:
-                raise ConfigError(
-                    f"@exclusive({name!r}) has no database: pass target= (a DSN, pool or "
-                    "connection) or set WORKER_DSN or DATABASE_URL"
-                )
-            lock = ExclusiveLock(
-                where,
-                name,
-                ttl=ttl,
-                holder=holder,
-                schema=schema or os.environ.get("WORKER_SCHEMA") or "worker",
-            )
-            with lock.hold(
-                jitter=jitter, extend_every=extend_every, release=release, on_lost=on_lost
-            ):
-                if not lock.acquired:
-                    log.debug("%s skipped: lock %r is held elsewhere", fn.__qualname__, name)
-                    return None
-                token = _current.set(lock)
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    _current.reset(token)
-
-        return wrapper
-
-    return decorate
-
-
-def purge_expired_locks(
-    target: Target, *, older_than: float = 86400.0, schema: str = "worker"
-) -> int:
-    """Delete lock rows that expired more than ``older_than`` seconds ago; returns how many."""
-    q = queries(schema)
-    with borrow(target) as conn:
-        return len(execute(conn, q["lock_purge_expired"], {"older_than_seconds": older_than}))
-
-
-# -- inspection ------------------------------------------------------------------------------
-
-
-def force_release(conn: psycopg.Connection, schema: str, name: str) -> tuple[str, str] | None:
-    """Delete lock row ``name`` whoever holds it (an operator's action, e.g. for a mutex whose
-    holder died); returns (holder, kind) of the row that was deleted, or None."""
-    rows = execute(conn, queries(schema)["lock_force_release"], {"name": name})
-    if not rows:
-        return None
-    _, holder, kind = rows[0]
-    return holder, kind
-
-
-def list_locks(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(queries(schema)["lock_list"]).fetchall()
-
-
 __all__ = [
+    "DEFAULT_NAMESPACE",
     "ExclusiveLock",
     "LockLost",
     "Mutex",
     "TimeoutLock",
-    "current_lock",
-    "exclusive",
-    "force_release",
-    "list_locks",
-    "purge_expired_locks",
+    "check_target",
+    "default_holder",
+    "validate_lock_name",
 ]

@@ -132,15 +132,6 @@ def scrub(text: str) -> str:
     return text
 
 
-class SecretFilter(logging.Filter):
-    """No password reaches a log handler through a record's message."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = scrub(record.getMessage())
-        record.args = None
-        return True
-
-
 def dsn_from_env() -> str | None:
     found = dsn_source_from_env()
     return found[0] if found else None

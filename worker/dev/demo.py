@@ -30,7 +30,7 @@ from ..db.sql import queries
 from ..engine.supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
 from ..ops.status import status
 from ..tasks.enqueue import enqueue, enqueue_many
-from .pginstall import _pick_free_port, _port_is_free
+from .embedded.install import _pick_free_port, _port_is_free
 
 # The statements of this room lie beside its modules (the core never loads them).
 SQL_DIR = Path(__file__).resolve().parent

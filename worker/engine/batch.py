@@ -366,42 +366,4 @@ def failure(job: Job) -> store.Failure:
     )
 
 
-def log_acknowledged(jobs: list[Job], kept: dict[int, str], states: dict[int, str]) -> int:
-    """After the commit: say what happened to each job; returns how many completed."""
-    completed = 0
-    for job in jobs:
-        outcome = job.outcome
-        assert outcome is not None
-        if outcome.ok and kept.get(job.id) == "done":
-            completed += 1
-        elif outcome.ok and job.id in kept:
-            log.info(
-                "task %d attempt %d cancelled: its handler finished after the cancel request, "
-                "so its result is not recorded",
-                job.id,
-                job.attempt,
-            )
-        elif not outcome.ok and job.id in states:
-            state = states[job.id]
-            log.log(
-                logging.WARNING if state == "failed" else logging.INFO,
-                "task %d attempt %d %s: %s",
-                job.id,
-                job.attempt,
-                {
-                    "failed": "failed for good",
-                    "handed_back": "handed back",
-                    "cancelled": "cancelled",
-                }.get(state, "will retry"),
-                outcome.error.splitlines()[0] if outcome.error else "",
-            )
-        else:
-            log.warning(
-                "could not %s task %d: this worker no longer owns it (lease expired, rescued)",
-                "complete" if outcome.ok else "retry",
-                job.id,
-            )
-    return completed
-
-
-__all__ = ["MANY_QUEUES", "PROMOTE_LIMIT", "Batcher", "Claim", "failure", "log_acknowledged"]
+__all__ = ["MANY_QUEUES", "PROMOTE_LIMIT", "Batcher", "Claim", "failure"]

@@ -73,7 +73,6 @@ class LeaseKeeper:
         self._polling = polling
         self.cancel_poll = cancel_poll
         self._check_cancels = False  # read the marks at the next turn (check_cancels)
-        self._renew = False  # renew at the next turn (renew_now)
         self._stop = threading.Event()
         self._now = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,11 +89,6 @@ class LeaseKeeper:
         self.last_renewal = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="worker-lease", daemon=True)
         self._thread.start()
-
-    def renew_now(self) -> None:
-        """Renew at once (e.g. when the worker starts holding new rows after an outage)."""
-        self._renew = True
-        self._now.set()
 
     def check_cancels(self) -> None:
         """Read the cancel marks of the rows held, soon (LISTEN was just made again, or a
@@ -114,8 +108,8 @@ class LeaseKeeper:
         next_poll = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
-            if self._renew or now >= next_beat:
-                self._renew = self._check_cancels = False  # the heartbeat reads the marks too
+            if now >= next_beat:
+                self._check_cancels = False  # the heartbeat reads the marks too
                 try:
                     ok = self._beat()
                 except Exception:  # never die: the worker stops claiming when renewals stop

@@ -16,8 +16,12 @@ another:
 
 Each job is a small state machine (``engine.job``), and only this thread moves jobs between
 states: the rule that keeps the other threads lock-free. ``engine.startup`` builds the parts and
-registers the worker; ``engine.dispatch`` turns claimed rows into jobs; ``engine.stopping`` is
-the graceful stop.
+registers the worker; ``engine.dispatch`` turns claimed rows into jobs; ``engine.reports`` says
+what the other threads' reports mean; ``engine.stopping`` is the graceful stop.
+
+Over 400 lines on purpose: the loop, its decisions of when to claim and how long to sleep, and
+the one transaction that acknowledges and claims share the job table and the hooks lock, and
+read best together; each part that can stand apart (above) does.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from ..hooks import Hooks
 from ..tasks import results
 from ..tasks.registry import DEFAULT_QUEUE, Context, Registry, TaskDef, registry
 from . import dispatch, reports, startup, stopping
-from .batch import Claim, log_acknowledged
+from .batch import Claim
 from .inbox import Inbox
 from .job import Job, JobTable, Outcome, State, format_error
 from .settings import WorkerConfig
@@ -374,7 +378,7 @@ class Worker:
             raise
         for job in acking:
             self.table.forget(job)
-        completed = log_acknowledged(acking, kept, states)
+        completed = reports.log_acknowledged(acking, kept, states)
         if completed:
             self.done_count += completed
             self.last_ack = time.time()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .job import Outcome, State, display
+from .job import Job, Outcome, State, display
 from .runners import cancel
 
 if TYPE_CHECKING:
@@ -101,4 +101,42 @@ def check_deadlines(w: Worker, now: float) -> None:
             w.stop(now=True)
 
 
-__all__ = ["cancel_requested", "check_deadlines", "lost", "record"]
+def log_acknowledged(jobs: list[Job], kept: dict[int, str], states: dict[int, str]) -> int:
+    """After the commit: say what happened to each job; returns how many completed."""
+    completed = 0
+    for job in jobs:
+        outcome = job.outcome
+        assert outcome is not None
+        if outcome.ok and kept.get(job.id) == "done":
+            completed += 1
+        elif outcome.ok and job.id in kept:
+            log.info(
+                "task %d attempt %d cancelled: its handler finished after the cancel request, "
+                "so its result is not recorded",
+                job.id,
+                job.attempt,
+            )
+        elif not outcome.ok and job.id in states:
+            state = states[job.id]
+            log.log(
+                logging.WARNING if state == "failed" else logging.INFO,
+                "task %d attempt %d %s: %s",
+                job.id,
+                job.attempt,
+                {
+                    "failed": "failed for good",
+                    "handed_back": "handed back",
+                    "cancelled": "cancelled",
+                }.get(state, "will retry"),
+                outcome.error.splitlines()[0] if outcome.error else "",
+            )
+        else:
+            log.warning(
+                "could not %s task %d: this worker no longer owns it (lease expired, rescued)",
+                "complete" if outcome.ok else "retry",
+                job.id,
+            )
+    return completed
+
+
+__all__ = ["cancel_requested", "check_deadlines", "log_acknowledged", "lost", "record"]

@@ -3,7 +3,10 @@
 Everything the monitor reads from the database goes through ``Database``, which caches: every
 scrape and page view within a cache period shares one query set, so scrapers and browsers cannot
 multiply the load on the database, and none of the statements counts the finished history (see
-queries/metrics.sql).
+readmodel.sql).
+
+Over 400 lines on purpose: one cache over one connection, read by the page, the gauges, /readyz
+and the health panel; each reader's refresh shares the lock and the connection's recovery.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ T = TypeVar("T")
 READY_CACHE_SECONDS = 1.0
 FAILED_SHOWN = 20
 # Queue names the statistics walk at most (one index probe each, about 25 µs): the queues past
-# them are counted together (see queue_rest in queries/admin.sql).
+# them are counted together (see queue_rest in ops/status.sql).
 MAX_QUEUES = 10_000
 # The queues past them are counted in one range scan per state, together, up to this many rows.
 REST_CAP = 100_000

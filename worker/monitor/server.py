@@ -3,7 +3,7 @@ console under /console/.
 
 One server per machine (the supervisor's, or the single worker process's). Everything it shows
 comes from the cached read model (``readmodel.Database``) and the registry of ``collector``; the
-console (``console_app``) has its own connections for job pages and actions.
+console (``console.app``) has its own connections for job pages and actions.
 Connections are handled by ``httpd.BoundedServer``: idle and slow clients cost no thread, and
 /healthz is answered on its loop, so it never waits for the database or a busy thread.
 """
@@ -353,7 +353,7 @@ def serve(
     ``multiprocess``: this process is a supervisor whose children do the work; call it before the
     first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR.
     ``console_token``: the token that turns the console's actions on (None: read-only; see
-    ``console_auth.checked_token``); ``console_refresh``: seconds between the console's
+    ``console.auth.checked_token``); ``console_refresh``: seconds between the console's
     auto-refreshes. ``limits``: ``BoundedServer``'s (threads, max_connections, request_timeout,
     max_head, max_body).
     """

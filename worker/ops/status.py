@@ -1,7 +1,7 @@
 """Read-only views of the queue and the operator actions, shared by the CLI, the status page and
 the metrics collector.
 
-Every view is bounded on a table of any size (see queries/admin.sql): counts stop at a cap, and
+Every view is bounded on a table of any size (see status.sql beside it): counts stop at a cap, and
 where one does, the planner's estimate is shown beside it. Single-row actions are in
 ``the store``, with every other change of a task's state; ``retry_failed`` walks the batches
 of ``store.retry_failed_batch`` here, because it reports what it skipped.

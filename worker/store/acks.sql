@@ -2,7 +2,7 @@
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: complete_with_result
--- `complete` (queries/tasks.sql) for the rows whose handler returned a result to store: the same
+-- `complete` (store/claims.sql) for the rows whose handler returned a result to store: the same
 -- fencing, word for word, plus the result. Run in the same acknowledging transaction as
 -- `complete`, and only when the batch holds such rows, so that tasks which store nothing keep
 -- the acknowledgement they had. Results arrive as JSON text, checked by the worker (see

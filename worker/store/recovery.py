@@ -18,7 +18,7 @@ from .statements import statements
 def worker_died(
     conn: psycopg.Connection, schema: str, *, worker_id: str, error: str
 ) -> list[tuple[int, str, str, str]]:
-    """A dead worker process's running rows go back now (see queries/tasks.sql, worker_died)."""
+    """A dead worker process's running rows go back now (see recovery.sql, worker_died)."""
     params = {"worker_id": worker_id, "error": error, **HISTORY}
     rows = conn.execute(statements(schema)["worker_died"], params).fetchall()
     return [tuple(r) for r in rows]  # type: ignore[misc]

@@ -3,7 +3,7 @@
 The status page and /metrics share one cached connection (``readmodel.Database``); a person
 browsing jobs or pressing a button must not make a scrape wait, so the console has up to three
 connections of its own. Every read runs in a READ ONLY transaction, and everything (reads and
-actions) under a statement timeout. Job pages are bounded by construction (queries/browse.sql:
+actions) under a statement timeout. Job pages are bounded by construction (browse.sql:
 at most ``SCAN_ROWS`` rows walked per page); the throughput per minute is counted once per
 settled minute and kept (see ``Throughput``).
 """
@@ -105,7 +105,7 @@ def first_line(exc: BaseException) -> str:
 def browse_statement(
     f: Filter, cursor: str | None, *, limit: int, scan: int, chars: int = ROW_CHARS
 ) -> tuple[str, dict[str, Any]]:
-    """The statement of queries/browse.sql that lists a page of ``f`` after ``cursor``, and its
+    """The statement of browse.sql that lists a page of ``f`` after ``cursor``, and its
     parameters: at most ``limit`` rows from a walk of at most ``scan``."""
     params: dict[str, Any] = {
         "chars": chars,

@@ -3,7 +3,7 @@
 A filter comes from a query string a person (or anyone sending them a link) wrote: every field is
 checked, a field that cannot be used is dropped with a one-line note saying why, and nothing in
 it reaches SQL other than as a bound value. The cursor is the sort key of a page's last row
-(queries/browse.sql), encoded so that a link can carry it; one that does not decode, or belongs to
+(browse.sql), encoded so that a link can carry it; one that does not decode, or belongs to
 another order, is ignored and the first page shown.
 """
 
@@ -24,7 +24,7 @@ TEXT_CHARS = 200  # text searched in payloads and errors
 MAX_ID = 2**63 - 1
 START = datetime.min.replace(tzinfo=UTC)  # what the console reads for -infinity
 END = datetime.max.replace(tzinfo=UTC)  # and for infinity
-# Which statement of queries/browse.sql walks which state.
+# Which statement of browse.sql walks which state.
 MODES = {
     None: "any",
     "in_progress": "running",

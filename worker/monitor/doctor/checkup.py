@@ -8,12 +8,12 @@ still run. The checks:
 
 - what holds the xmin horizon back: sessions with an old snapshot or transaction id (idle in a
   transaction or not), prepared transactions, replication slots; with the dead row versions of the
-  task table that vacuum therefore cannot remove (``doctor_checks``);
+  task table that vacuum therefore cannot remove (``checks``, ``tables``);
 - dead rows, sizes and vacuums of the queue's tables, and whether autovacuum keeps up;
 - connection headroom, and how many connections the fleet holds;
 - tasks running far longer than expected, or past a lease nobody rescued;
 - queues no live worker serves and tasks no live worker has a handler for (``ops.status``);
-- what the claim statement reads per row (``doctor_claim``): the CLI only, never at scrape time.
+- what the claim statement reads per row (``claim``): the CLI only, never at scrape time.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ...db.sql import queries
 from ...ops.status import QueueStats, Routing
 from . import checks
 from . import horizon as horizon_checks
+from . import tables as tables_check
 from .claim import claim_findings
 from .findings import WARNING, Finding, Thresholds, ordered, worst
 
@@ -156,7 +157,7 @@ def diagnose(
     settings: dict[str, str] = run.guarded(
         "settings", lambda: checks.read_settings(conn, schema), {}
     )
-    read_tables = run.guarded("tables", lambda: checks.read_tables(conn, schema))
+    read_tables = run.guarded("tables", lambda: tables_check.read_tables(conn, schema))
     tables: list[dict[str, Any]] = read_tables or []
     tasks = next((t for t in tables if t["name"] == "tasks"), None)
     pinned = int(tasks["dead"]) if tasks else None
@@ -183,7 +184,7 @@ def diagnose(
         seconds, xids = horizon_checks.horizon_age(sessions, prepared, slots)
         figures |= {"xmin_horizon_age_seconds": seconds, "xmin_horizon_age_xids": xids}
     if read_tables is not None:
-        run.findings += checks.table_findings(schema, tables, settings, th, horizon_held=held)
+        run.findings += tables_check.table_findings(schema, tables, settings, th, horizon_held=held)
     figures["tables"] = {
         t["name"]: {
             "dead": int(t.get("dead") or 0),

@@ -9,12 +9,12 @@ reads hundreds.
 
 Two ways to look (``mode``):
 
-- ``claim``: ``EXPLAIN (ANALYZE, BUFFERS)`` of the real claim statement (queries/tasks.sql), with
+- ``claim``: ``EXPLAIN (ANALYZE, BUFFERS)`` of the real claim statement (store/claims.sql), with
   the parameters a freshly started worker uses (its cursor at the start of each queue), in a
   transaction that is always rolled back. It locks the rows it would claim for the milliseconds
   that takes (workers skip them: SKIP LOCKED) and changes nothing: the rollback undoes the
   update, as tests/test_doctor.py checks row by row.
-- ``read-only``: the same range of the same index read by a plain SELECT (queries/doctor.sql,
+- ``read-only``: the same range of the same index read by a plain SELECT (doctor.sql,
   doctor_claim_probe), in a READ ONLY transaction: no lock, no write, for roles that may not
   update the table.
 

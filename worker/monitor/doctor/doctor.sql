@@ -144,7 +144,7 @@ SELECT r.id, left(r.task, 200) AS task, left(r.queue, 200) AS queue, r.worker_id
  LIMIT %(limit)s;
 
 -- name: doctor_claim_probe
--- The read-only twin of the claim's scan (queries/tasks.sql, claim): the first due rows of one
+-- The read-only twin of the claim's scan (store/claims.sql, claim): the first due rows of one
 -- queue in claim order, from the start of the queue's range in tasks_claim_idx, with no lock.
 -- Under EXPLAIN (ANALYZE, BUFFERS) it shows what a claim walks to find them.
 SELECT t.id

@@ -2,7 +2,7 @@
 snapshot or transaction id (idle in a transaction or not), prepared transactions and replication
 slots; and the sessions of other roles this role cannot see.
 
-As in ``doctor_checks``, ``read_horizon`` runs the statements and the rest are pure.
+As in ``checks``, ``read_horizon`` runs the statements and the rest are pure.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..db.connect import CLI, connect
-from ..db.sql import queries
+from ...db.connect import CLI, connect
+from ...db.sql import queries
 
 SQL_DIR = Path(__file__).resolve().parent
 

@@ -1,6 +1,6 @@
 """A private PostgreSQL server for when the user gives no DSN (the CLI and the test suite).
 
-The point is zero setup: ``pip install worker`` brings the ``pgserver`` wheel, whose PostgreSQL
+The point is zero setup: installing the package brings the ``pgserver`` wheel, whose PostgreSQL
 binaries we drive directly with ``initdb``/``pg_ctl``. We do not import ``pgserver`` itself:
 importing it creates runtime directories and registers atexit hooks that stop servers we want
 to outlive the process.
@@ -9,29 +9,25 @@ The server listens on 127.0.0.1 only, with trust authentication, so the DSN carr
 Its port is chosen once and kept in a small JSON file inside the data directory, so a DSN that
 was printed or written into a config stays valid across restarts.
 
-Over 500 lines on purpose: ``EmbeddedPostgres`` is one lifecycle (create, start, adopt a running
-server, stop, restart) under one lock file, and every step reads the same state (pid file, port
-file, log offset). Finding binaries and the run-as user live apart, in ``pginstall``.
+``EmbeddedPostgres`` is one lifecycle (create, start, adopt a running server, stop, restart)
+under one lock file. The files it reads and writes are ``datadir``'s; finding binaries and the
+run-as user are ``install``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
-import re
 import shlex
 import stat
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from .pginstall import (
-    _SYSTEM_PORT,
+from . import datadir
+from .datadir import DataDir, default_data_dir, dsn_for, text
+from .install import (
     EmbeddedError,
     _chown_tree,
     _ensure_readable_tree,
@@ -40,7 +36,6 @@ from .pginstall import (
     _Install,
     _pick_free_port,
     _port_is_free,
-    _postgres_alive,
     _run_as_user,
     _RunAs,
     find_pg_bin,
@@ -56,17 +51,8 @@ __all__ = [
 
 log = logging.getLogger("worker.embedded")
 
-STATE_FILE = "worker-embedded.json"
-LOG_FILE = "server.log"
 
 _START_TIMEOUT = 60  # seconds pg_ctl waits for the server to accept connections
-_LOG_ROTATE_BYTES = 10 * 1024 * 1024
-_LOG_TAIL_LINES = 40
-# sun_path holds 108 bytes with the NUL; PostgreSQL also creates "<socket>.lock" beside it.
-_MAX_SOCKET_DIR_LEN = 107 - len("/.s.PGSQL.65535")
-# Socket dirs go through pg_ctl's shell and PostgreSQL's list parsing: keep them boring.
-_SHELL_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+-]+$")
-_LOG_LEVEL = re.compile(r"\b(PANIC|FATAL|ERROR):\s")
 _PORT_TROUBLE = ("Address already in use", "could not bind", "could not create any TCP/IP")
 
 
@@ -84,6 +70,7 @@ class EmbeddedPostgres:
         # read our cwd, and PostgreSQL resolves -D relative to it).
         self.data_dir = Path(data_dir).expanduser().absolute()
         self.durable = durable
+        self.files = DataDir(self.data_dir)
         self._install: _Install | None = None
         # What the last start() did: "running" (found it up), "started" or "created". The CLI
         # says it in its one line about the server; the log says it only at DEBUG.
@@ -96,43 +83,29 @@ class EmbeddedPostgres:
 
     @property
     def log_path(self) -> Path:
-        """Inside the data dir, so it goes wherever the cluster goes (and is removed with it)."""
-        return self.data_dir / LOG_FILE
-
-    @property
-    def _state_path(self) -> Path:
-        return self.data_dir / STATE_FILE
-
-    @property
-    def _lock_path(self) -> Path:
-        # Beside, not inside: initdb wants the data directory empty (or absent).
-        return self.data_dir.parent / f".{self.data_dir.name}.lock"
+        return self.files.log_path
 
     @property
     def socket_dir(self) -> Path:
         """The data dir, unless its path would overflow a unix socket address or the shell."""
-        candidate = str(self.data_dir)
-        if len(candidate) <= _MAX_SOCKET_DIR_LEN and _SHELL_SAFE_PATH.match(candidate):
-            return self.data_dir
-        digest = hashlib.sha256(candidate.encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"worker-pg-{digest}"
+        return self.files.socket_dir
 
     # ----------------------------------------------------------------- public API
 
     @property
     def dsn(self) -> str:
         """``postgresql://postgres@127.0.0.1:PORT/postgres``; stable across restarts."""
-        port = self._running_port() or self._read_state_port()
+        port = self.files.running_port() or self.files.read_state_port()
         if port is None:
             raise EmbeddedError(
                 f"embedded PostgreSQL in {self.data_dir} was never initialised: call start()"
             )
-        return _dsn(port)
+        return dsn_for(port)
 
     def is_running(self) -> bool:
         """Judged from postmaster.pid and the process table, not by connecting, so it is cheap
         and does not wait on a server that is still starting."""
-        return self._postmaster_pid() is not None
+        return self.files.postmaster_pid() is not None
 
     def start(self) -> str:
         """Create the cluster if needed, start it if it is not running, and return its DSN."""
@@ -158,23 +131,8 @@ class EmbeddedPostgres:
 
     # ----------------------------------------------------------------- locking
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        import fcntl  # POSIX only; imported here so the module still imports on Windows
-
-        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        # A fresh open file description per call: flock then excludes other threads of this
-        # process as well as other processes.
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.debug("waiting for %s (another start/stop is in progress)", self._lock_path)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return self.files.locked()
 
     # ----------------------------------------------------------------- internals
 
@@ -182,56 +140,6 @@ class EmbeddedPostgres:
         if self._install is None:
             self._install = _find_install()
         return self._install
-
-    def _pidfile_lines(self) -> list[str]:
-        try:
-            return (self.data_dir / "postmaster.pid").read_text().splitlines()
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except PermissionError:
-            raise EmbeddedError(
-                f"cannot read {self.data_dir}: it belongs to another user (run as that user, or "
-                "set WORKER_EMBEDDED_DIR to another folder)"
-            ) from None
-
-    def _postmaster_pid(self) -> int | None:
-        lines = self._pidfile_lines()
-        if not lines:
-            return None
-        try:
-            pid = int(lines[0].strip())
-        except ValueError:
-            return None
-        return pid if _postgres_alive(pid, self.data_dir) else None
-
-    def _running_port(self) -> int | None:
-        lines = self._pidfile_lines()
-        if len(lines) < 4 or self._postmaster_pid() is None:
-            return None
-        try:
-            return int(lines[3].strip())
-        except ValueError:
-            return None
-
-    def _read_state_port(self) -> int | None:
-        try:
-            state = json.loads(self._state_path.read_text())
-            port = int(state["port"])
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring unreadable %s", self._state_path)
-            return None
-        except PermissionError:
-            raise EmbeddedError(
-                f"cannot read {self._state_path}: it belongs to another user"
-            ) from None
-        return port if 0 < port < 65536 and port != _SYSTEM_PORT else None
-
-    def _write_state_port(self, port: int) -> None:
-        tmp = self._state_path.with_name(f".{STATE_FILE}.tmp")
-        tmp.write_text(json.dumps({"port": port}) + "\n")
-        os.replace(tmp, self._state_path)
 
     def _env(self) -> dict[str, str]:
         # PG* variables (PGDATA, PGPORT, ...) would silently retarget the tools; C messages
@@ -263,7 +171,7 @@ class EmbeddedPostgres:
         except subprocess.TimeoutExpired as exc:
             raise EmbeddedError(
                 f"{Path(argv[0]).name} did not finish within {timeout:.0f}s; see {self.log_path}",
-                detail=_text(exc.stdout) + _text(exc.stderr),
+                detail=text(exc.stdout) + text(exc.stderr),
                 log_path=self.log_path,
             ) from None
         except OSError as exc:
@@ -295,9 +203,9 @@ class EmbeddedPostgres:
 
     def _initdb_if_needed(self, user: _RunAs | None, install: _Install) -> None:
         if (self.data_dir / "PG_VERSION").exists():
-            if self._read_state_port() is None:
+            if self.files.read_state_port() is None:
                 # A cluster made elsewhere (or before the state file existed): adopt it.
-                self._write_state_port(_pick_free_port())
+                self.files.write_state_port(_pick_free_port())
             return
         leftovers = [p.name for p in self.data_dir.iterdir()]
         if leftovers:
@@ -330,67 +238,28 @@ class EmbeddedPostgres:
                 detail=done.stdout + done.stderr,
             )
         # Written last: the port is part of what a successfully created cluster has.
-        self._write_state_port(_pick_free_port())
-
-    def _clear_stale_lock_files(self) -> None:
-        """Remove lock files naming a postmaster that is a zombie or a recycled PID.
-
-        PostgreSQL removes lock files of dead postmasters itself, but it judges "dead" with
-        kill(pid, 0), which succeeds on a zombie or on an unrelated process that got the PID,
-        and then refuses to start forever. Safe because PostgreSQL 12+ also guards against
-        orphaned backends through the shared memory key derived from the data directory.
-        """
-        lines = self._pidfile_lines()
-        if not lines or not Path("/proc/self/stat").exists():
-            return
-        try:
-            pid = int(lines[0].strip())
-        except ValueError:
-            return
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return  # truly gone: PostgreSQL copes on its own
-        except PermissionError:
-            pass
-        if _postgres_alive(pid, self.data_dir):
-            return
-        log.warning("removing stale postmaster.pid of PID %d (zombie or reused PID)", pid)
-        stale = [self.data_dir / "postmaster.pid"]
-        if len(lines) >= 4 and lines[3].strip().isdigit():
-            stale.append(self.socket_dir / f".s.PGSQL.{lines[3].strip()}.lock")
-        for path in stale:
-            with contextlib.suppress(OSError):
-                if path.read_text().split("\n", 1)[0].strip() == str(pid):
-                    path.unlink()
-
-    def _rotate_log(self) -> None:
-        try:
-            if self.log_path.stat().st_size > _LOG_ROTATE_BYTES:
-                os.replace(self.log_path, self.log_path.with_name(LOG_FILE + ".1"))
-        except FileNotFoundError:
-            pass
+        self.files.write_state_port(_pick_free_port())
 
     def _start_locked(self) -> str:
-        port = self._running_port()
+        port = self.files.running_port()
         if port is not None:
             self.last_start = "running"
-            return _dsn(port)
+            return dsn_for(port)
         self.last_start = "started"
         install = self._bins()
         user = _run_as_user()
         self._prepare_dirs(user, install)
         self._initdb_if_needed(user, install)
-        self._rotate_log()
-        self._clear_stale_lock_files()
+        self.files.rotate_log()
+        self.files.clear_stale_lock_files(self.socket_dir)
 
-        port = self._read_state_port() or _pick_free_port()
+        port = self.files.read_state_port() or _pick_free_port()
         for attempt in range(3):
             if not _port_is_free(port):
                 new = _pick_free_port()
                 log.warning("port %d is taken; the embedded server moves to %d", port, new)
                 port = new
-            self._write_state_port(port)
+            self.files.write_state_port(port)
             try:
                 self._pg_ctl_start(port, user, install)
             except _PortTaken:
@@ -398,7 +267,7 @@ class EmbeddedPostgres:
                     raise
                 continue
             log.debug("embedded PostgreSQL running on 127.0.0.1:%d (%s)", port, self.data_dir)
-            return _dsn(port)
+            return dsn_for(port)
         raise AssertionError("unreachable")
 
     def _server_options(self, port: int) -> list[str]:
@@ -440,11 +309,11 @@ class EmbeddedPostgres:
             user,
             timeout=_START_TIMEOUT + 30,
         )
-        if done.returncode == 0 and self._postmaster_pid() is not None:
+        if done.returncode == 0 and self.files.postmaster_pid() is not None:
             return
-        tail = self._log_since(offset)
+        tail = self.files.log_since(offset)
         tool_output = (done.stderr + done.stdout).strip()
-        cause = _cause(tail) or (tool_output.splitlines() or [""])[-1]
+        cause = datadir.cause(tail) or (tool_output.splitlines() or [""])[-1]
         if not cause:
             cause = f"pg_ctl exited with code {done.returncode}"
         detail = "\n".join(part for part in (tail, tool_output) if part)
@@ -461,18 +330,8 @@ class EmbeddedPostgres:
             log_path=self.log_path,
         )
 
-    def _log_since(self, offset: int) -> str:
-        try:
-            with self.log_path.open("rb") as fh:
-                size = fh.seek(0, os.SEEK_END)
-                fh.seek(offset if offset <= size else 0)
-                text = fh.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
-
     def _stop_locked(self) -> None:
-        if self._postmaster_pid() is None:
+        if self.files.postmaster_pid() is None:
             return
         install = self._bins()
         user = _run_as_user()
@@ -491,7 +350,7 @@ class EmbeddedPostgres:
             user,
             timeout=_START_TIMEOUT + 30,
         )
-        if done.returncode != 0 and self._postmaster_pid() is not None:
+        if done.returncode != 0 and self.files.postmaster_pid() is not None:
             output = (done.stderr + done.stdout).strip()
             cause = output.splitlines()[-1] if output else f"exit code {done.returncode}"
             raise EmbeddedError(
@@ -506,7 +365,7 @@ class EmbeddedPostgres:
         # pg_ctl -w returns once postmaster.pid is gone; the process may linger a moment
         # more, and a start() right after must not see it as alive.
         deadline = time.monotonic() + timeout
-        while self._postmaster_pid() is not None and time.monotonic() < deadline:
+        while self.files.postmaster_pid() is not None and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -514,39 +373,7 @@ class _PortTaken(EmbeddedError):
     """Raised inside start() so it can retry on another port; escapes only after retries."""
 
 
-def _dsn(port: int) -> str:
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
-
-
-def _text(data: str | bytes | None) -> str:
-    if data is None:
-        return ""
-    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-
-
-def _cause(log_tail: str) -> str:
-    """The most telling log line: the last FATAL/PANIC/ERROR, without its timestamp prefix."""
-    best = ""
-    for line in log_tail.splitlines():
-        match = _LOG_LEVEL.search(line)
-        if match:
-            best = line[match.start() :].strip()
-    return best
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def default_data_dir() -> Path:
-    """``$WORKER_EMBEDDED_DIR``, else ``$XDG_DATA_HOME/worker/pgdata`` (``~/.local/share`` when
-    XDG_DATA_HOME is unset or not absolute, as the XDG spec says): one server per user, so every
-    folder and every venv of that user finds the same queue."""
-    configured = os.environ.get("WORKER_EMBEDDED_DIR")
-    if configured:
-        return Path(configured).expanduser().absolute()
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
-    return base / "worker" / "pgdata"
 
 
 def ensure_embedded(data_dir: Path | None = None) -> str:
