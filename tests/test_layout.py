@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from worker.db.sql import parse_named, queries
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "worker"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
@@ -156,3 +158,19 @@ def test_loading_the_cli_registers_no_task() -> None:
     code = "import worker.cli, worker; print(len(worker.registry))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
+
+
+def test_a_workers_query_set_holds_the_cores_statements_only() -> None:
+    """The statements of the developer tools, the monitor, the integrations, worker.testing and
+    the store (loaded by the store alone) are not in the set every worker loads."""
+    core = queries("worker")
+    outside = {
+        name
+        for path in PACKAGE.rglob("*.sql")
+        if path.relative_to(PACKAGE).parts[0]
+        in ("dev", "monitor", "contrib", "store", "testing.sql")
+        for name in parse_named(path.read_text())
+    }
+    assert len(outside) > 50
+    assert sorted(n for n in outside if n in core) == []
+    assert "register" in core and "pause_queue" in core  # the core's own are there

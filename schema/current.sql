@@ -1,0 +1,1304 @@
+-- The schema as the migrations in this folder build it, for reading: `worker migrate` applies
+-- the numbered files, never this one. Made by pg_dump --schema-only from a database migrated to
+-- the latest version (tests/test_schema_snapshot.py checks that it is current).
+
+-- Name: worker; Type: SCHEMA; Schema: -; Owner: -
+
+CREATE SCHEMA worker;
+
+-- Name: task_state; Type: TYPE; Schema: worker; Owner: -
+
+CREATE TYPE worker.task_state AS ENUM (
+    'scheduled',
+    'queued',
+    'in_progress',
+    'done',
+    'failed',
+    'cancelled'
+);
+
+-- Name: before_insert(); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.before_insert() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF NEW.queue IS NULL THEN
+        NEW.queue := coalesce(
+            (SELECT r.queue FROM "worker".task_routes AS r WHERE r.task = NEW.task), 'default');
+    END IF;
+    IF NEW.state = 'queued' AND NEW.run_at > now() THEN
+        NEW.state := 'scheduled';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- Name: bulk(text, jsonb, boolean, text, integer, bigint, bigint, bigint, bigint, bigint); Type: PROCEDURE; Schema: worker; Owner: -
+
+CREATE PROCEDURE worker.bulk(IN action text, IN filter jsonb DEFAULT '{}'::jsonb, IN dry_run boolean DEFAULT true, IN actor text DEFAULT NULL::text, IN batch integer DEFAULT 5000, INOUT matched bigint DEFAULT NULL::bigint, INOUT changed bigint DEFAULT NULL::bigint, INOUT skipped bigint DEFAULT NULL::bigint, INOUT running bigint DEFAULT NULL::bigint, INOUT action_id bigint DEFAULT NULL::bigint)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    states   text[];
+    walks    jsonb;
+    walk     text[];
+    cur      jsonb;
+    r        record;
+    leftover bigint := 0;
+    batches  integer := 0;
+BEGIN
+    PERFORM "worker".bulk_check(filter);
+    IF filter = '{}' THEN
+        RAISE EXCEPTION 'bulk: give a filter (queue, task, states, error, older_than or ids)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    states := "worker".bulk_states(action, "worker".bulk_filter_states(filter));
+    matched := 0;
+    changed := 0;
+    skipped := 0;
+    running := 0;
+    IF NOT dry_run THEN
+        action_id := "worker".record_action(actor, action, filter, '{}', 'sql', false);
+        COMMIT;
+    END IF;
+    walks := (SELECT jsonb_agg(to_jsonb(w)) FROM "worker".bulk_walks(states) AS w);
+    FOR i IN 0 .. jsonb_array_length(walks) - 1 LOOP
+        walk := ARRAY(SELECT jsonb_array_elements_text(walks -> i));
+        cur := NULL;
+        LOOP
+            SELECT * INTO r FROM "worker".bulk_step(action, walk, filter, cur, batch, dry_run);
+            matched := matched + r.matched;
+            changed := changed + r.changed;
+            skipped := skipped + cardinality(r.skipped);
+            batches := batches + 1;
+            IF NOT dry_run THEN
+                PERFORM "worker".finish_action(action_id, jsonb_build_object(
+                    'matched', matched, 'changed', changed, 'batches', batches,
+                    'skipped', jsonb_build_object('dedupe_key_taken', skipped)), false);
+                COMMIT;
+            END IF;
+            EXIT WHEN r.next_cursor IS NULL;
+            cur := r.next_cursor;
+        END LOOP;
+    END LOOP;
+    IF action = 'cancel' OR states && ARRAY['scheduled', 'queued'] THEN
+        SELECT b.running INTO running FROM "worker".bulk_running(filter) AS b;
+    END IF;
+    leftover := matched - changed - skipped;
+    IF NOT dry_run THEN
+        PERFORM "worker".finish_action(action_id, jsonb_build_object(
+            'matched', matched, 'changed', changed, 'batches', batches,
+            'skipped', jsonb_build_object('dedupe_key_taken', skipped, 'running', running,
+                                          'changed_meanwhile', leftover)));
+        COMMIT;
+    END IF;
+END;
+$$;
+
+-- Name: bulk_check(jsonb); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_check(filter jsonb) RETURNS interval
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    k   text;
+    age interval;
+BEGIN
+    IF filter IS NULL OR jsonb_typeof(filter) <> 'object' THEN
+        RAISE EXCEPTION 'bulk: the filter must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR k IN SELECT jsonb_object_keys(filter) LOOP
+        IF k NOT IN ('queue', 'task', 'states', 'error', 'older_than', 'ids') THEN
+            RAISE EXCEPTION 'bulk: unknown filter key %', quote_literal(k)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'queue, task, states, error, older_than, ids';
+        END IF;
+    END LOOP;
+    FOREACH k IN ARRAY ARRAY['queue', 'task', 'error'] LOOP
+        IF filter ? k AND jsonb_typeof(filter -> k) <> 'string' THEN
+            RAISE EXCEPTION 'bulk: filter key % must be a string', k
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF filter ? 'states' AND jsonb_typeof(filter -> 'states') NOT IN ('string', 'array') THEN
+        RAISE EXCEPTION 'bulk: "states" must be a string or an array of strings'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF filter ? 'ids' THEN
+        IF jsonb_typeof(filter -> 'ids') <> 'array' THEN
+            RAISE EXCEPTION 'bulk: "ids" must be an array of task ids'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_array_length(filter -> 'ids') > 100000 THEN
+            RAISE EXCEPTION 'bulk: at most 100000 ids' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    IF filter ? 'older_than' THEN
+        CASE jsonb_typeof(filter -> 'older_than')
+            WHEN 'number' THEN age := make_interval(secs => (filter ->> 'older_than')::float8);
+            WHEN 'string' THEN age := (filter ->> 'older_than')::interval;
+            ELSE RAISE EXCEPTION 'bulk: "older_than" must be seconds or an interval'
+                     USING ERRCODE = 'invalid_parameter_value';
+        END CASE;
+        IF age < interval '0' THEN
+            RAISE EXCEPTION 'bulk: "older_than" must not be negative'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    RETURN age;
+END;
+$$;
+
+-- Name: bulk_filter_states(jsonb); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_filter_states(filter jsonb) RETURNS text[]
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE jsonb_typeof(filter -> 'states')
+               WHEN 'string' THEN ARRAY[filter ->> 'states']
+               WHEN 'array' THEN ARRAY(SELECT jsonb_array_elements_text(filter -> 'states'))
+           END;
+$$;
+
+-- Name: bulk_phase(text[], jsonb, jsonb); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_phase(states text[], filter jsonb, cursor jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(cursor ->> 'phase',
+                    CASE WHEN filter ? 'ids' THEN 'ids'
+                         WHEN states[1] IN ('done', 'failed', 'cancelled') THEN 'dated'
+                         ELSE 'waiting' END);
+$$;
+
+-- Name: bulk_running(jsonb, integer); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_running(filter jsonb DEFAULT '{}'::jsonb, cap integer DEFAULT 100000) RETURNS TABLE(running bigint, sample bigint[])
+    LANGUAGE plpgsql STABLE
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    age interval;
+BEGIN
+    age := "worker".bulk_check(filter);
+    RETURN QUERY
+    SELECT count(*), (array_agg(r.id ORDER BY r.id))[1:5]
+      FROM (SELECT t.id
+              FROM "worker".tasks AS t
+             WHERE t.state = 'in_progress'
+               AND (NOT filter ? 'queue' OR t.queue = filter ->> 'queue')
+               AND (NOT filter ? 'task' OR t.task = filter ->> 'task')
+               AND (NOT filter ? 'error' OR t.last_error ILIKE filter ->> 'error')
+               AND (age IS NULL OR t.created_at < now() - age)
+               AND (NOT filter ? 'ids'
+                    OR t.id = ANY(ARRAY(SELECT jsonb_array_elements_text(filter -> 'ids')::bigint)))
+             LIMIT cap) AS r;
+END;
+$$;
+
+-- Name: bulk_sql(text, text[], jsonb, jsonb, boolean); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_sql(action text, states text[], filter jsonb DEFAULT '{}'::jsonb, cursor jsonb DEFAULT NULL::jsonb, dry_run boolean DEFAULT true) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    age        interval;
+    finished   boolean;
+    phase      text;
+    keys       text[];
+    walk_where text;
+    hit_where  text := 'true';
+    taken      text := 'false';
+    act        text;
+    listed     text;
+    fence      text;
+    req        text := '';
+BEGIN
+    age := "worker".bulk_check(filter);
+    PERFORM "worker".bulk_states(action, states);
+    IF cardinality(states) IS DISTINCT FROM 1
+       AND NOT (states <@ ARRAY['done', 'cancelled'] AND cardinality(states) = 2) THEN
+        RAISE EXCEPTION 'bulk: one walk is one state, or done and cancelled (see bulk_walks)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    finished := states[1] IN ('done', 'failed', 'cancelled');
+    phase := "worker".bulk_phase(states, filter, cursor);
+    listed := (SELECT string_agg(quote_literal(x), ', ') FROM unnest(states) AS x);
+    fence := format('t.state IN (%s)', listed);
+
+    -- The walk's order: its index's columns. A queue in the filter is an equality on the first
+    -- column of the waiting states' indexes, so the keyset starts after it. Rows without a
+    -- finished_at are ordered by (finished_at, id) too, which is their id order, so that the
+    -- finished states' indexes serve them (in id order alone, the planner walks the primary key).
+    keys := CASE WHEN phase = 'ids' THEN ARRAY['id']
+                 WHEN finished THEN ARRAY['finished_at', 'id']
+                 WHEN states[1] = 'queued' THEN ARRAY['queue', '(-priority)', 'run_at', 'id']
+                 ELSE ARRAY['queue', 'run_at', 'id'] END;
+    IF filter ? 'queue' AND phase = 'waiting' THEN
+        keys := keys[2:];
+    END IF;
+
+    IF states <@ ARRAY['done', 'cancelled'] THEN
+        -- The index holds both: the walk reads its entries, the filter keeps the states asked.
+        walk_where := 't.state IN (''done'', ''cancelled'')';
+        IF cardinality(states) = 1 THEN
+            hit_where := hit_where || format(' AND w.state = %L', states[1]);
+        END IF;
+    ELSE
+        walk_where := fence;
+    END IF;
+    IF filter ? 'queue' AND states <@ ARRAY['done', 'cancelled'] AND phase <> 'ids' THEN
+        -- tasks_done_idx has no queue: checked on the rows read, so a batch still reads at most
+        -- `batch` entries however few of them are in the queue.
+        hit_where := hit_where || ' AND w.queue = $2';
+    ELSIF filter ? 'queue' THEN
+        walk_where := walk_where || ' AND t.queue = $2';
+    END IF;
+    IF phase = 'ids' THEN
+        walk_where := walk_where || ' AND t.id = ANY($6)';
+    ELSIF phase = 'undated' THEN
+        walk_where := walk_where || ' AND t.finished_at IS NULL';
+    ELSIF phase = 'dated' THEN
+        walk_where := walk_where || ' AND t.finished_at <= $11';
+        IF age IS NOT NULL THEN
+            walk_where := walk_where || ' AND t.finished_at < $11 - $5';
+        END IF;
+    END IF;
+    IF cursor ? 'id' AND phase = 'undated' THEN
+        walk_where := walk_where || ' AND t.id > $10';
+    ELSIF cursor ? 'id' THEN
+        walk_where := walk_where || format(' AND (%s) > (%s)',
+            regexp_replace(array_to_string(keys, ', '), '([a-z_]+)', 't.\1', 'g'),
+            (SELECT string_agg(CASE k WHEN 'queue' THEN '$7' WHEN '(-priority)' THEN '$8'
+                                      WHEN 'id' THEN '$10' ELSE '$9' END, ', ')
+               FROM unnest(keys) AS k));
+    END IF;
+
+    IF filter ? 'task' THEN
+        hit_where := hit_where || ' AND w.task = $3';
+    END IF;
+    IF filter ? 'error' THEN
+        hit_where := hit_where || ' AND w.last_error ILIKE $4';
+    END IF;
+    IF age IS NOT NULL AND phase <> 'dated' THEN
+        hit_where := hit_where || CASE WHEN finished THEN ' AND w.finished_at < $11 - $5'
+                                       ELSE ' AND w.created_at < $11 - $5' END;
+    END IF;
+    IF phase = 'waiting' THEN
+        hit_where := hit_where || ' AND w.created_at <= $11';
+    END IF;
+
+    IF action = 'retry' THEN
+        -- The one retry (requeue, above) checks the dedupe keys and, unless this is a dry run,
+        -- moves the rows: the batch's matches go to it as one array.
+        req := format(', req AS (SELECT r.requeued, r.skipped'
+                      '            FROM "worker".requeue(ARRAY(SELECT id FROM hit), %L) AS r)',
+                      dry_run);
+        taken := 'h.id = ANY((SELECT r.skipped FROM req AS r)::bigint[])';
+    END IF;
+    act := CASE
+        WHEN dry_run THEN 'SELECT NULL::bigint AS id WHERE false'
+        WHEN action = 'retry' THEN 'SELECT unnest(r.requeued) AS id FROM req AS r'
+        WHEN action = 'cancel' THEN format(
+            'UPDATE "worker".tasks AS t SET state = ''cancelled'', finished_at = now()'
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
+        ELSE format(
+            'DELETE FROM "worker".tasks AS t'
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
+    END;
+
+    RETURN format(
+        'WITH walk AS ('
+        '    SELECT t.id, t.state, t.queue, t.priority, t.run_at, t.finished_at, t.created_at,'
+        '           t.task, t.last_error, t.dedupe_key'
+        '      FROM "worker".tasks AS t'
+        '     WHERE %s'
+        '     ORDER BY %s'
+        '     LIMIT $1'
+        '), hit AS ('
+        '    SELECT w.* FROM walk AS w WHERE %s'
+        ')%s, checked AS ('
+        '    SELECT h.id, %s AS taken FROM hit AS h'
+        '), acted AS (%s)'
+        ' SELECT (SELECT count(*) FROM walk)::integer AS examined,'
+        '        (SELECT count(*) FROM hit)::integer AS matched,'
+        '        (SELECT count(*) FROM acted)::integer AS changed,'
+        '        ARRAY(SELECT id FROM checked WHERE taken ORDER BY id) AS skipped,'
+        '        ARRAY(SELECT id FROM hit ORDER BY id LIMIT 5) AS sample,'
+        '        (SELECT jsonb_build_object(''phase'', %L, ''before'', $11, ''queue'', w.queue,'
+        '                                   ''priority'', -w.priority, ''at'', %s, ''id'', w.id)'
+        '           FROM walk AS w ORDER BY %s LIMIT 1) AS next_cursor',
+        walk_where,
+        regexp_replace(array_to_string(keys, ', '), '([a-z_]+)', 't.\1', 'g'),
+        hit_where, req, taken, act, phase,
+        CASE WHEN finished THEN 'w.finished_at' ELSE 'w.run_at' END,
+        (SELECT string_agg(regexp_replace(k, '([a-z_]+)', 'w.\1') || ' DESC', ', ')
+           FROM unnest(keys) AS k));
+END;
+$_$;
+
+-- Name: bulk_states(text, text[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_states(action text, states text[] DEFAULT NULL::text[]) RETURNS text[]
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    allowed  text[];
+    defaults text[];
+BEGIN
+    CASE action
+        WHEN 'retry' THEN
+            allowed := ARRAY['failed', 'cancelled'];
+            defaults := ARRAY['failed'];
+        WHEN 'cancel' THEN
+            allowed := ARRAY['scheduled', 'queued'];
+            defaults := allowed;
+        WHEN 'delete' THEN
+            allowed := ARRAY['done', 'failed', 'cancelled', 'scheduled', 'queued'];
+            defaults := ARRAY['done', 'failed', 'cancelled'];
+        ELSE
+            RAISE EXCEPTION 'bulk: unknown action %', quote_literal(coalesce(action, 'NULL'))
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'retry, cancel or delete';
+    END CASE;
+    IF states IS NULL OR cardinality(states) = 0 THEN
+        RETURN defaults;
+    END IF;
+    IF NOT states <@ allowed OR array_position(states, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'bulk: % applies to % tasks, not %', action,
+            array_to_string(allowed, ', '), array_to_string(states, ', ', 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN ARRAY(SELECT s FROM unnest(allowed) AS s WHERE s = ANY(states));
+END;
+$$;
+
+-- Name: bulk_step(text, text[], jsonb, jsonb, integer, boolean); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_step(action text, states text[], filter jsonb DEFAULT '{}'::jsonb, cursor jsonb DEFAULT NULL::jsonb, batch integer DEFAULT 5000, dry_run boolean DEFAULT true) RETURNS TABLE(examined integer, matched integer, changed integer, skipped bigint[], sample bigint[], next_cursor jsonb)
+    LANGUAGE plpgsql
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    stmt   text;
+    age    interval;
+    ids    bigint[];
+    phase  text;
+    before timestamptz;
+    tries  integer := 0;
+BEGIN
+    IF batch IS NULL OR batch NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'bulk: batch must be 1 to 100000' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    stmt := "worker".bulk_sql(action, states, filter, cursor, dry_run);  -- checks them all
+    age := "worker".bulk_check(filter);
+    IF filter ? 'ids' THEN
+        ids := ARRAY(SELECT jsonb_array_elements_text(filter -> 'ids')::bigint);
+    END IF;
+    phase := "worker".bulk_phase(states, filter, cursor);
+    before := coalesce((cursor ->> 'before')::timestamptz, now());
+    LOOP
+        BEGIN
+            EXECUTE stmt INTO examined, matched, changed, skipped, sample, next_cursor
+                USING batch, filter ->> 'queue', filter ->> 'task', filter ->> 'error', age, ids,
+                      cursor ->> 'queue', (cursor ->> 'priority')::integer,
+                      (cursor ->> 'at')::timestamptz, (cursor ->> 'id')::bigint, before;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            -- A producer took a dedupe key between the check and the update: the batch runs again
+            -- and then sees that task.
+            tries := tries + 1;
+            IF tries >= 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+
+    IF examined < batch THEN
+        -- This walk is done; finished rows without a finished_at come last (never older than
+        -- an age, so not with one).
+        next_cursor := CASE WHEN phase = 'dated' AND age IS NULL
+                            THEN jsonb_build_object('phase', 'undated', 'before', before) END;
+    END IF;
+    IF action = 'retry' AND changed > 0 THEN
+        PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+
+-- Name: bulk_walks(text[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.bulk_walks(states text[]) RETURNS SETOF text[]
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN s IN ('done', 'cancelled')
+                THEN ARRAY(SELECT x FROM unnest(states) AS x WHERE x IN ('done', 'cancelled'))
+                ELSE ARRAY[s] END
+      FROM unnest(states) WITH ORDINALITY AS u(s, i)
+     WHERE s NOT IN ('done', 'cancelled')
+        OR i = (SELECT min(j) FROM unnest(states) WITH ORDINALITY AS v(x, j)
+                 WHERE x IN ('done', 'cancelled'))
+     ORDER BY i;
+$$;
+
+-- Name: cancel_task(bigint, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.cancel_task(id bigint, by text DEFAULT CURRENT_USER) RETURNS text
+    LANGUAGE sql
+    AS $$
+    SELECT c.outcome FROM "worker".cancel_tasks(ARRAY[cancel_task.id], cancel_task.by) AS c;
+$$;
+
+-- Name: cancel_tasks(bigint[], text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.cancel_tasks(ids bigint[], by text DEFAULT CURRENT_USER) RETURNS TABLE(id bigint, outcome text, state text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    who      text := left(coalesce(cancel_tasks.by, current_user), 200);
+    ended    bigint[] := '{}';
+    asked    bigint[] := '{}';
+    got      bigint[];
+    names    text;
+    channel  text;
+BEGIN
+    FOR pass IN 1..5 LOOP
+        -- Not started: cancelled now, with who and when.
+        WITH moved AS (
+            UPDATE "worker".tasks AS t
+               SET state = 'cancelled', finished_at = now(),
+                   cancel_requested_at = now(), cancelled_by = who
+             WHERE t.id = ANY(cancel_tasks.ids) AND t.state IN ('scheduled', 'queued')
+            RETURNING t.id
+        )
+        SELECT coalesce(array_agg(moved.id), '{}') INTO got FROM moved;
+        ended := ended || got;
+        -- Running: marked for its worker.
+        WITH marked AS (
+            UPDATE "worker".tasks AS t
+               SET cancel_requested_at = now(), cancelled_by = who
+             WHERE t.id = ANY(cancel_tasks.ids) AND t.state = 'in_progress'
+               AND t.cancel_requested_at IS NULL
+            RETURNING t.id
+        )
+        SELECT coalesce(array_agg(marked.id), '{}') INTO got FROM marked;
+        asked := asked || got;
+        -- A row that went from running back to the queue (or the other way) between the two
+        -- statements is taken by the next pass.
+        EXIT WHEN NOT EXISTS (
+            SELECT 1 FROM "worker".tasks AS t
+             WHERE t.id = ANY(cancel_tasks.ids)
+               AND (t.state IN ('scheduled', 'queued')
+                    OR (t.state = 'in_progress' AND t.cancel_requested_at IS NULL)));
+    END LOOP;
+    IF cardinality(asked) > 0 THEN
+        -- The channel carries the schema's own name (as the insert trigger's does); the payload
+        -- lists the ids, or is empty when they would not fit ("check every task you hold").
+        SELECT n.nspname || '.tasks_cancel' INTO channel
+          FROM pg_catalog.pg_class AS c
+          JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+         WHERE c.oid = '"worker".tasks'::regclass;
+        names := array_to_string(asked, ',');
+        PERFORM pg_notify(channel, CASE WHEN octet_length(names) > 7000 THEN '' ELSE names END);
+    END IF;
+    RETURN QUERY
+    SELECT i.id,
+           CASE WHEN i.id = ANY(ended) THEN 'cancelled'
+                WHEN t.id IS NULL THEN 'missing'
+                WHEN t.state = 'in_progress' THEN 'requested'
+                ELSE 'finished' END,
+           t.state::text
+      FROM unnest(cancel_tasks.ids) WITH ORDINALITY AS i(id, n)
+      LEFT JOIN "worker".tasks AS t ON t.id = i.id
+     ORDER BY i.n;
+END;
+$$;
+
+-- Name: claim_limited(text, uuid, integer, double precision, text[], integer[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.claim_limited(claim_queue text, claim_worker uuid, want integer, lease_seconds double precision, handler_tasks text[], handler_max_attempts integer[]) RETURNS TABLE(id bigint, task text, payload text, attempts integer, max_attempts integer, queue text, priority integer, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, xid text, wait_seconds double precision)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    q       text := claim_queue;
+    lim     "worker".queue_limits;
+    t0      timestamptz;
+    room    integer := want;
+    used    integer;
+    oldest  timestamptz;
+    wait    double precision;
+    keyed   boolean;
+    chosen  bigint[];
+    -- How far into a queue with per-key limits a claim looks for rows without a key.
+    keyless_window constant integer := 256;
+BEGIN
+    -- Serialise with the other claims of this queue (workers take their queues' locks in name
+    -- order: no deadlock). No row: the queue is no longer limited; nothing from it this time.
+    SELECT * INTO lim FROM "worker".queue_limits AS l WHERE l.queue = q FOR UPDATE;
+    IF NOT FOUND OR want <= 0 THEN
+        RETURN;
+    END IF;
+    -- The database clock after the lock: later than every start recorded before ours.
+    t0 := clock_timestamp();
+
+    IF lim.concurrency IS NOT NULL THEN
+        -- A row whose lease ran out does not count: its worker is gone (rescue puts it back).
+        SELECT count(*) INTO used FROM "worker".tasks AS t
+         WHERE t.queue = q AND t.state = 'in_progress' AND t.limit_held
+           AND t.lease_expires_at >= t0;
+        room := least(room, lim.concurrency - used);
+    END IF;
+    IF lim.rate IS NOT NULL THEN
+        DELETE FROM "worker".limit_starts AS s
+         WHERE s.queue = q
+           AND s.started_at <= t0 - make_interval(
+               secs => greatest(lim.rate_seconds, coalesce(lim.key_rate_seconds, 0)));
+        SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO used, oldest
+          FROM "worker".limit_starts AS s
+         WHERE s.queue = q AND s.started_at > t0 - make_interval(secs => lim.rate_seconds);
+        IF used >= lim.rate THEN
+            -- The next start is allowed when the oldest starts in the window leave it.
+            wait := extract(epoch FROM oldest + make_interval(secs => lim.rate_seconds) - t0);
+        END IF;
+        room := least(room, lim.rate - used);
+    ELSIF lim.key_rate IS NOT NULL THEN
+        DELETE FROM "worker".limit_starts AS s
+         WHERE s.queue = q AND s.started_at <= t0 - make_interval(secs => lim.key_rate_seconds);
+    END IF;
+    IF room <= 0 THEN
+        IF wait IS NOT NULL THEN
+            RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::integer,
+                NULL::integer, q, NULL::integer, NULL::timestamptz, NULL::timestamptz,
+                NULL::timestamptz, NULL::text, greatest(wait, 0.001);
+        END IF;
+        RETURN;
+    END IF;
+
+    keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
+    IF NOT keyed THEN
+        -- The queue's limits only: its first rows in claim order.
+        chosen := ARRAY(
+            SELECT t.id FROM "worker".tasks AS t
+             WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= now()
+             ORDER BY (-t.priority), t.run_at, t.id
+             LIMIT room
+               FOR UPDATE SKIP LOCKED);
+    ELSE
+        -- Per key: the room each key has left (concurrency and rate), then the first rows of
+        -- each key with room, read from tasks_limit_key_idx (one probe per key with queued rows,
+        -- found by a skip scan), merged in claim order with the rows that have no key.
+        chosen := ARRAY(
+            WITH RECURSIVE keys AS (
+                (SELECT t.limit_key AS k FROM "worker".tasks AS t
+                  WHERE t.queue = q AND t.state = 'queued' AND t.limit_key IS NOT NULL
+                  ORDER BY t.limit_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT t.limit_key FROM "worker".tasks AS t
+                         WHERE t.queue = q AND t.state = 'queued' AND t.limit_key IS NOT NULL
+                           AND t.limit_key > keys.k
+                         ORDER BY t.limit_key LIMIT 1)
+                  FROM keys WHERE keys.k IS NOT NULL
+            ), running AS (
+                SELECT t.limit_key AS k, count(*)::integer AS n FROM "worker".tasks AS t
+                 WHERE t.queue = q AND t.state = 'in_progress' AND t.limit_held
+                   AND t.limit_key IS NOT NULL AND t.lease_expires_at >= t0
+                   AND lim.key_concurrency IS NOT NULL
+                 GROUP BY t.limit_key
+            ), started AS (
+                SELECT s.limit_key AS k, sum(s.n)::integer AS n FROM "worker".limit_starts AS s
+                 WHERE s.queue = q AND s.limit_key IS NOT NULL
+                   AND s.started_at > t0 - make_interval(secs => lim.key_rate_seconds)
+                   AND lim.key_rate IS NOT NULL
+                 GROUP BY s.limit_key
+            ), roomy AS (
+                SELECT keys.k,
+                       least(room,
+                             coalesce(lim.key_concurrency - r.n, lim.key_concurrency, room),
+                             coalesce(lim.key_rate - s.n, lim.key_rate, room)) AS n
+                  FROM keys
+                  LEFT JOIN running AS r ON r.k = keys.k
+                  LEFT JOIN started AS s ON s.k = keys.k
+                 WHERE keys.k IS NOT NULL
+            ), candidates AS (
+                SELECT c.id, c.neg_priority, c.run_at
+                  FROM roomy
+                 CROSS JOIN LATERAL (
+                    -- (LIMIT cannot name roomy.n: number the rows instead.)
+                    SELECT f.*, row_number() OVER () AS nth FROM (
+                        SELECT t.id, -t.priority AS neg_priority, t.run_at
+                          FROM "worker".tasks AS t
+                         WHERE t.queue = q AND t.state = 'queued' AND t.limit_key = roomy.k
+                           AND t.run_at <= now()
+                         ORDER BY (-t.priority), t.run_at, t.id
+                         LIMIT room) AS f) AS c
+                 WHERE roomy.n > 0 AND c.nth <= roomy.n
+                UNION ALL
+                -- Rows without a key: among the first rows of the queue in claim order only
+                -- (keyless_window), so that a keyed backlog is never walked in full.
+                SELECT u.id, u.neg_priority, u.run_at FROM (
+                    SELECT t.id, -t.priority AS neg_priority, t.run_at, t.limit_key
+                      FROM "worker".tasks AS t
+                     WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= now()
+                     ORDER BY (-t.priority), t.run_at, t.id
+                     LIMIT keyless_window) AS u
+                 WHERE u.limit_key IS NULL
+            )
+            SELECT c.id FROM candidates AS c ORDER BY c.neg_priority, c.run_at, c.id LIMIT room);
+        -- Lock what was chosen (others' claims of this queue wait on our lock; what is locked
+        -- here was taken by an operator's action, and is left out).
+        chosen := ARRAY(
+            SELECT t.id FROM "worker".tasks AS t
+             WHERE t.id = ANY(chosen) AND t.state = 'queued'
+               FOR UPDATE SKIP LOCKED);
+        IF lim.key_rate IS NOT NULL AND cardinality(chosen) < room THEN
+            -- Keys held back by their rate: when the first of them may start again.
+            SELECT extract(epoch FROM min(s.started_at)
+                           + make_interval(secs => lim.key_rate_seconds) - t0)
+              INTO wait
+              FROM "worker".limit_starts AS s
+             WHERE s.queue = q AND s.limit_key IS NOT NULL
+               AND s.started_at > t0 - make_interval(secs => lim.key_rate_seconds);
+        END IF;
+    END IF;
+
+    IF lim.rate IS NOT NULL OR lim.key_rate IS NOT NULL THEN
+        INSERT INTO "worker".limit_starts (queue, limit_key, started_at, n)
+        SELECT q, t.limit_key, t0, count(*) FROM "worker".tasks AS t WHERE t.id = ANY(chosen)
+         GROUP BY t.limit_key;
+    END IF;
+
+    RETURN QUERY
+    UPDATE "worker".tasks AS t
+       SET state = 'in_progress',
+           attempts = t.attempts + 1,
+           max_attempts = coalesce(
+               t.max_attempts,
+               (SELECT h.max_attempts
+                  FROM unnest(handler_tasks, handler_max_attempts) AS h(task, max_attempts)
+                 WHERE h.task = t.task)),
+           worker_id = claim_worker,
+           started_at = t0,
+           limit_held = true,
+           lease_expires_at = now() + make_interval(secs => lease_seconds)
+     WHERE t.id = ANY(chosen)
+    RETURNING t.id, t.task, t.payload::text, t.attempts, t.max_attempts, t.queue,
+              t.priority,
+              CASE WHEN isfinite(t.run_at) THEN t.run_at ELSE '0001-01-01 00:00:00+00' END,
+              CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END,
+              now(), pg_current_xact_id()::text, NULL::double precision;
+    IF wait IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::integer, NULL::integer,
+            q, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+            NULL::text, greatest(wait, 0.001);
+    END IF;
+END;
+$$;
+
+-- Name: clear_queue_limit(text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.clear_queue_limit(queue text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+BEGIN
+    DELETE FROM "worker".queue_limits AS l WHERE l.queue = clear_queue_limit.queue;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM "worker".limit_starts AS s WHERE s.queue = clear_queue_limit.queue;
+    RETURN true;
+END;
+$$;
+
+-- Name: enqueue(text, jsonb, text, timestamp with time zone, integer, integer, text, jsonb); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT NULL::text, run_at timestamp with time zone DEFAULT now(), priority integer DEFAULT 0, max_attempts integer DEFAULT NULL::integer, dedupe_key text DEFAULT NULL::text, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+    #variable_conflict use_column
+    DECLARE
+        new_id bigint;
+    BEGIN
+        FOR i IN 1..10 LOOP
+            IF enqueue.dedupe_key IS NOT NULL THEN
+                SELECT t.id INTO new_id FROM "worker".tasks AS t
+                 WHERE t.dedupe_key = enqueue.dedupe_key
+                   AND t.state IN ('scheduled', 'queued', 'in_progress');
+                IF new_id IS NOT NULL THEN
+                    RETURN new_id;
+                END IF;
+            END IF;
+            INSERT INTO "worker".tasks AS t
+                   (task, payload, queue, run_at, priority, max_attempts, dedupe_key, trace_context)
+            VALUES (enqueue.task, coalesce(enqueue.payload, '{}'), enqueue.queue,
+                    coalesce(enqueue.run_at, now()), coalesce(enqueue.priority, 0),
+                    enqueue.max_attempts, enqueue.dedupe_key, enqueue.trace_context)
+            ON CONFLICT (dedupe_key)
+                WHERE dedupe_key IS NOT NULL AND state IN ('scheduled', 'queued', 'in_progress')
+            DO NOTHING
+            RETURNING id INTO new_id;
+            IF new_id IS NOT NULL THEN
+                RETURN new_id;
+            END IF;
+        END LOOP;
+        RAISE EXCEPTION
+            'enqueue: could not settle dedupe_key % (is the transaction REPEATABLE READ?)',
+            enqueue.dedupe_key;
+    END;
+    $$;
+
+-- Name: enqueue_keyed(text, jsonb, text, timestamp with time zone, integer, integer, text, text, jsonb); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.enqueue_keyed(task text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT NULL::text, run_at timestamp with time zone DEFAULT now(), priority integer DEFAULT 0, max_attempts integer DEFAULT NULL::integer, dedupe_key text DEFAULT NULL::text, limit_key text DEFAULT NULL::text, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    new_id bigint;
+BEGIN
+    new_id := "worker".enqueue(task => task, payload => payload, queue => queue,
+                               run_at => run_at, priority => priority,
+                               max_attempts => max_attempts, dedupe_key => dedupe_key,
+                               trace_context => trace_context);
+    IF limit_key IS NOT NULL THEN
+        UPDATE "worker".tasks AS t SET limit_key = enqueue_keyed.limit_key
+         WHERE t.id = new_id AND t.limit_key IS NULL AND t.state IN ('queued', 'scheduled')
+           AND t.attempts = 0;
+    END IF;
+    RETURN new_id;
+END;
+$$;
+
+-- Name: estimated_rows(text, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.estimated_rows(queue text, state text) RETURNS double precision
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    plan json;
+BEGIN
+    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM "worker".tasks WHERE queue = %L AND state = %L',
+                   queue, state)
+       INTO plan;
+    RETURN (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8;
+END;
+$$;
+
+-- Name: finish_action(bigint, jsonb, boolean); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.finish_action(action_id bigint, counts jsonb, finished boolean DEFAULT true) RETURNS void
+    LANGUAGE sql
+    AS $$
+    UPDATE "worker".actions
+       SET counts = coalesce(finish_action.counts, '{}'),
+           finished_at = CASE WHEN finish_action.finished THEN now() END
+     WHERE id = finish_action.action_id;
+$$;
+
+-- Name: notify_inserted(); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.notify_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    names text;
+    earliest timestamptz;
+    odd boolean;
+BEGIN
+    SELECT string_agg(q, ','), min(e), bool_or(strpos(q, ',') > 0 OR strpos(q, chr(30)) > 0)
+      INTO names, earliest, odd
+      FROM (SELECT queue AS q, min(run_at) AS e FROM inserted WHERE state = 'queued'
+             GROUP BY queue LIMIT 50) AS d;
+    IF names IS NOT NULL THEN
+        IF odd OR octet_length(names) > 7000 OR NOT isfinite(earliest) THEN
+            -- "Look at every queue" (a name holding a comma cannot be listed, a run_at of
+            -- -infinity has no number): workers then read each queue, from its start.
+            names := '';
+        ELSE
+            names := names || ',' || chr(30)
+                     || (extract(epoch FROM earliest) * 1000000)::bigint::text;
+        END IF;
+        PERFORM pg_notify(TG_TABLE_SCHEMA || '.tasks', names);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Name: pause_queue(text, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.pause_queue(queue text, paused_by text DEFAULT CURRENT_USER) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF pause_queue.queue IS NULL OR pause_queue.queue = ''
+            OR char_length(pause_queue.queue) > 255 THEN
+        RAISE EXCEPTION 'a queue name is 1 to 255 characters' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO "worker".paused_queues (queue, paused_by)
+    VALUES (pause_queue.queue, left(coalesce(pause_queue.paused_by, ''), 200))
+    ON CONFLICT (queue) DO NOTHING;
+    RETURN FOUND;  -- false: it was paused already, and its first pause stands
+END;
+$$;
+
+-- Name: record_action(text, text, jsonb, jsonb, text, boolean, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.record_action(actor text, action text, filter jsonb DEFAULT '{}'::jsonb, counts jsonb DEFAULT '{}'::jsonb, source text DEFAULT ''::text, finished boolean DEFAULT true, address text DEFAULT ''::text) RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    INSERT INTO "worker".actions (actor, action, filter, counts, source, finished_at, address)
+    VALUES (left(coalesce(nullif(actor, ''), session_user::text), 200), left(action, 100),
+            coalesce(filter, '{}'), coalesce(counts, '{}'), left(coalesce(source, ''), 200),
+            CASE WHEN finished THEN now() END, left(coalesce(address, ''), 100))
+    RETURNING id;
+$$;
+
+-- Name: requeue(bigint[], boolean); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.requeue(ids bigint[], dry_run boolean DEFAULT false) RETURNS TABLE(requeued bigint[], skipped bigint[])
+    LANGUAGE plpgsql
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    tries integer := 0;
+BEGIN
+    LOOP
+        BEGIN
+            WITH batch AS (
+                SELECT t.id, t.finished_at, t.dedupe_key
+                  FROM "worker".tasks AS t
+                 WHERE t.id = ANY(ids) AND t.state IN ('failed', 'cancelled')
+                 ORDER BY t.id
+                   FOR UPDATE
+            ), checked AS (
+                SELECT b.id,
+                       b.dedupe_key IS NOT NULL
+                       AND (row_number() OVER (PARTITION BY b.dedupe_key
+                                               ORDER BY b.finished_at, b.id) > 1
+                            OR EXISTS (SELECT 1 FROM "worker".tasks AS h
+                                        WHERE h.dedupe_key = b.dedupe_key
+                                          AND h.state IN ('scheduled', 'queued', 'in_progress')))
+                       AS taken
+                  FROM batch AS b
+            ), moved AS (
+                UPDATE "worker".tasks AS t
+                   SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL,
+                       lease_expires_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL
+                 WHERE NOT dry_run
+                   AND t.id = ANY(ARRAY(SELECT c.id FROM checked AS c WHERE NOT c.taken))
+                   AND t.state IN ('failed', 'cancelled')
+                RETURNING t.id
+            )
+            SELECT coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE NOT c.taken), '{}'),
+                   coalesce(array_agg(c.id ORDER BY c.id) FILTER (WHERE c.taken), '{}')
+              INTO requeued, skipped
+              FROM checked AS c;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            tries := tries + 1;
+            IF tries >= 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    IF NOT dry_run AND cardinality(requeued) > 0 THEN
+        PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
+    END IF;
+    RETURN NEXT;
+END;
+$$;
+
+-- Name: resume_queue(text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.resume_queue(queue text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    DELETE FROM "worker".paused_queues AS p WHERE p.queue = resume_queue.queue;
+    IF NOT FOUND THEN
+        RETURN false;  -- it was not paused
+    END IF;
+    -- The channel of the insert trigger (schema/0006): the schema's name and '.tasks'.
+    PERFORM pg_notify(n.nspname || '.tasks', resume_queue.queue)
+       FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+      WHERE c.oid = '"worker".tasks'::regclass;
+    RETURN true;
+END;
+$$;
+
+-- Name: set_queue_limit(text, integer, integer, integer, double precision, integer, double precision, text, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.set_queue_limit(queue text, concurrency integer DEFAULT NULL::integer, key_concurrency integer DEFAULT NULL::integer, rate integer DEFAULT NULL::integer, rate_seconds double precision DEFAULT NULL::double precision, key_rate integer DEFAULT NULL::integer, key_rate_seconds double precision DEFAULT NULL::double precision, source text DEFAULT 'operator'::text, updated_by text DEFAULT CURRENT_USER) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+BEGIN
+    IF queue IS NULL OR queue = '' OR char_length(queue) > 255 THEN
+        RAISE EXCEPTION 'a queue name is 1 to 255 characters' USING ERRCODE = '22023';
+    END IF;
+    IF num_nonnulls(concurrency, key_concurrency, rate, key_rate) = 0 THEN
+        RAISE EXCEPTION 'give at least one limit (use clear_queue_limit to remove them)'
+            USING ERRCODE = '22023';
+    END IF;
+    IF rate IS NOT NULL AND rate_seconds IS NULL THEN
+        rate_seconds := 1;
+    END IF;
+    IF key_rate IS NOT NULL AND key_rate_seconds IS NULL THEN
+        key_rate_seconds := 1;
+    END IF;
+    INSERT INTO "worker".queue_limits AS l
+        (queue, concurrency, key_concurrency, rate, rate_seconds, key_rate, key_rate_seconds,
+         source, updated_by)
+    VALUES (queue, concurrency, key_concurrency, rate,
+            CASE WHEN rate IS NOT NULL THEN rate_seconds END, key_rate,
+            CASE WHEN key_rate IS NOT NULL THEN key_rate_seconds END, source,
+            left(coalesce(updated_by, ''), 200))
+    ON CONFLICT ON CONSTRAINT queue_limits_pkey DO UPDATE
+       SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
+           rate = excluded.rate, rate_seconds = excluded.rate_seconds,
+           key_rate = excluded.key_rate, key_rate_seconds = excluded.key_rate_seconds,
+           source = excluded.source, updated_by = excluded.updated_by, updated_at = now()
+     -- Code never overrides an operator's setting (see the table).
+     WHERE excluded.source = 'operator' OR l.source = 'code';
+    RETURN FOUND;
+END;
+$$;
+
+-- Name: actions; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.actions (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    actor text NOT NULL,
+    source text DEFAULT ''::text NOT NULL,
+    action text NOT NULL,
+    filter jsonb DEFAULT '{}'::jsonb NOT NULL,
+    counts jsonb DEFAULT '{}'::jsonb NOT NULL,
+    address text DEFAULT ''::text NOT NULL,
+    CONSTRAINT actions_action_length CHECK (((char_length(action) >= 1) AND (char_length(action) <= 100))),
+    CONSTRAINT actions_actor_length CHECK (((char_length(actor) >= 1) AND (char_length(actor) <= 200))),
+    CONSTRAINT actions_address_length CHECK ((char_length(address) <= 100)),
+    CONSTRAINT actions_source_length CHECK ((char_length(source) <= 200))
+);
+
+-- Name: actions_id_seq; Type: SEQUENCE; Schema: worker; Owner: -
+
+ALTER TABLE worker.actions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME worker.actions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- Name: cron_schedules; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.cron_schedules (
+    key text NOT NULL,
+    expr text NOT NULL,
+    tz text DEFAULT 'UTC'::text NOT NULL,
+    task text NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    catch_up text DEFAULT 'once'::text NOT NULL,
+    last_slot timestamp with time zone,
+    next_slot timestamp with time zone,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT cron_schedules_catch_up_known CHECK ((catch_up = ANY (ARRAY['once'::text, 'skip'::text]))),
+    CONSTRAINT cron_schedules_key_not_empty CHECK ((key <> ''::text))
+);
+
+-- Name: limit_starts; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.limit_starts (
+    queue text NOT NULL,
+    limit_key text,
+    started_at timestamp with time zone NOT NULL,
+    n integer DEFAULT 1 NOT NULL
+);
+
+-- Name: locks; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.locks (
+    name text NOT NULL,
+    holder text NOT NULL,
+    kind text DEFAULT 'exclusive'::text NOT NULL,
+    acquired_at timestamp with time zone DEFAULT now() NOT NULL,
+    renewed_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT locks_holder_not_empty CHECK ((holder <> ''::text)),
+    CONSTRAINT locks_kind_known CHECK ((kind = ANY (ARRAY['exclusive'::text, 'mutex'::text, 'timeout'::text]))),
+    CONSTRAINT locks_name_length CHECK (((char_length(name) >= 1) AND (char_length(name) <= 255)))
+);
+
+-- Name: paused_queues; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.paused_queues (
+    queue text NOT NULL,
+    paused_at timestamp with time zone DEFAULT now() NOT NULL,
+    paused_by text DEFAULT ''::text NOT NULL,
+    CONSTRAINT paused_queues_by_length CHECK ((char_length(paused_by) <= 200)),
+    CONSTRAINT paused_queues_queue_length CHECK (((queue <> ''::text) AND (char_length(queue) <= 255)))
+);
+
+-- Name: queue_limits; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.queue_limits (
+    queue text NOT NULL,
+    concurrency integer,
+    key_concurrency integer,
+    rate integer,
+    rate_seconds double precision,
+    key_rate integer,
+    key_rate_seconds double precision,
+    source text DEFAULT 'operator'::text NOT NULL,
+    updated_by text DEFAULT CURRENT_USER NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queue_limits_concurrency CHECK (((concurrency >= 0) AND (key_concurrency >= 0))),
+    CONSTRAINT queue_limits_key_rate CHECK ((((key_rate IS NULL) = (key_rate_seconds IS NULL)) AND (key_rate >= 0) AND (key_rate_seconds > (0)::double precision) AND (key_rate_seconds <= (31622400)::double precision))),
+    CONSTRAINT queue_limits_queue CHECK (((queue <> ''::text) AND (char_length(queue) <= 255))),
+    CONSTRAINT queue_limits_rate CHECK ((((rate IS NULL) = (rate_seconds IS NULL)) AND (rate >= 0) AND (rate_seconds > (0)::double precision) AND (rate_seconds <= (31622400)::double precision))),
+    CONSTRAINT queue_limits_some CHECK ((num_nonnulls(concurrency, key_concurrency, rate, key_rate) > 0)),
+    CONSTRAINT queue_limits_source CHECK ((source = ANY (ARRAY['code'::text, 'operator'::text])))
+);
+
+-- Name: schema_migrations; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_routes (
+    task text NOT NULL,
+    queue text NOT NULL,
+    declared_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT task_routes_queue_length CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 255))),
+    CONSTRAINT task_routes_task_length CHECK (((char_length(task) >= 1) AND (char_length(task) <= 255)))
+);
+
+-- Name: tasks; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.tasks (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    CONSTRAINT tasks_attempts_not_negative CHECK ((attempts >= 0)),
+    CONSTRAINT tasks_cron_pair CHECK (((cron_key IS NULL) = (cron_at IS NULL))),
+    CONSTRAINT tasks_lease_iff_running CHECK (((state = 'in_progress'::worker.task_state) = (lease_expires_at IS NOT NULL))),
+    CONSTRAINT tasks_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_priority_range CHECK (((priority >= '-1000000'::integer) AND (priority <= 1000000))),
+    CONSTRAINT tasks_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT tasks_task_not_empty CHECK ((task <> ''::text))
+)
+WITH (autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.0', autovacuum_vacuum_insert_threshold='20000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_limit='2000');
+
+-- Name: tasks_id_seq; Type: SEQUENCE; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+    SEQUENCE NAME worker.tasks_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+-- Name: workers; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.workers (
+    id uuid NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    queues text[] NOT NULL,
+    concurrency integer NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    in_flight integer DEFAULT 0 NOT NULL,
+    stopped_at timestamp with time zone,
+    tasks text[] DEFAULT '{}'::text[] NOT NULL
+);
+
+-- Name: actions actions_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.actions
+    ADD CONSTRAINT actions_pkey PRIMARY KEY (id);
+
+-- Name: cron_schedules cron_schedules_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.cron_schedules
+    ADD CONSTRAINT cron_schedules_pkey PRIMARY KEY (key);
+
+-- Name: locks locks_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.locks
+    ADD CONSTRAINT locks_pkey PRIMARY KEY (name);
+
+-- Name: paused_queues paused_queues_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.paused_queues
+    ADD CONSTRAINT paused_queues_pkey PRIMARY KEY (queue);
+
+-- Name: queue_limits queue_limits_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.queue_limits
+    ADD CONSTRAINT queue_limits_pkey PRIMARY KEY (queue);
+
+-- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+-- Name: task_routes task_routes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_routes
+    ADD CONSTRAINT task_routes_pkey PRIMARY KEY (task);
+
+-- Name: tasks tasks_created_at_finite; Type: CHECK CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks
+    ADD CONSTRAINT tasks_created_at_finite CHECK (isfinite(created_at)) NOT VALID;
+
+-- Name: tasks tasks_dedupe_key_length; Type: CHECK CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks
+    ADD CONSTRAINT tasks_dedupe_key_length CHECK ((char_length(dedupe_key) <= 1000)) NOT VALID;
+
+-- Name: tasks tasks_limit_key_length; Type: CHECK CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks
+    ADD CONSTRAINT tasks_limit_key_length CHECK ((char_length(limit_key) <= 255)) NOT VALID;
+
+-- Name: tasks tasks_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.tasks
+    ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
+
+-- Name: tasks tasks_queue_length; Type: CHECK CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks
+    ADD CONSTRAINT tasks_queue_length CHECK ((char_length(queue) <= 255)) NOT VALID;
+
+-- Name: tasks tasks_run_at_finite; Type: CHECK CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks
+    ADD CONSTRAINT tasks_run_at_finite CHECK (isfinite(run_at)) NOT VALID;
+
+-- Name: tasks tasks_task_length; Type: CHECK CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE worker.tasks
+    ADD CONSTRAINT tasks_task_length CHECK ((char_length(task) <= 255)) NOT VALID;
+
+-- Name: workers workers_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.workers
+    ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
+
+-- Name: actions_at_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX actions_at_idx ON worker.actions USING btree (at);
+
+-- Name: limit_starts_key_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX limit_starts_key_idx ON worker.limit_starts USING btree (queue, limit_key, started_at) WHERE (limit_key IS NOT NULL);
+
+-- Name: limit_starts_queue_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX limit_starts_queue_idx ON worker.limit_starts USING btree (queue, started_at);
+
+-- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_claim_idx ON worker.tasks USING btree (queue, ((- priority)), run_at, id) WHERE (state = 'queued'::worker.task_state);
+
+-- Name: tasks_cron_slot_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE UNIQUE INDEX tasks_cron_slot_idx ON worker.tasks USING btree (cron_key, cron_at) WHERE (cron_key IS NOT NULL);
+
+-- Name: tasks_dedupe_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE UNIQUE INDEX tasks_dedupe_idx ON worker.tasks USING btree (dedupe_key) WHERE ((dedupe_key IS NOT NULL) AND (state = ANY (ARRAY['scheduled'::worker.task_state, 'queued'::worker.task_state, 'in_progress'::worker.task_state])));
+
+-- Name: tasks_done_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_done_idx ON worker.tasks USING btree (finished_at) WHERE (state = ANY (ARRAY['done'::worker.task_state, 'cancelled'::worker.task_state]));
+
+-- Name: tasks_failed_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_failed_idx ON worker.tasks USING btree (finished_at, id) WHERE (state = 'failed'::worker.task_state);
+
+-- Name: tasks_failed_queue_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_failed_queue_idx ON worker.tasks USING btree (queue, finished_at, id) WHERE (state = 'failed'::worker.task_state);
+
+-- Name: tasks_handed_back_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_handed_back_idx ON worker.tasks USING btree ("left"(task, 255)) WHERE ((handed_back > 0) AND (state = 'scheduled'::worker.task_state));
+
+-- Name: tasks_lease_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_lease_idx ON worker.tasks USING btree (lease_expires_at) WHERE (state = 'in_progress'::worker.task_state);
+
+-- Name: tasks_limit_key_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_limit_key_idx ON worker.tasks USING btree (queue, limit_key, ((- priority)), run_at, id) WHERE ((state = 'queued'::worker.task_state) AND (limit_key IS NOT NULL));
+
+-- Name: tasks_limit_running_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_limit_running_idx ON worker.tasks USING btree (queue, limit_key) WHERE ((state = 'in_progress'::worker.task_state) AND limit_held);
+
+-- Name: tasks_scheduled_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_scheduled_idx ON worker.tasks USING btree (run_at) WHERE (state = 'scheduled'::worker.task_state);
+
+-- Name: tasks_scheduled_queue_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_scheduled_queue_idx ON worker.tasks USING btree (queue, run_at) WHERE (state = 'scheduled'::worker.task_state);
+
+-- Name: tasks_queue_state; Type: STATISTICS; Schema: worker; Owner: -
+
+CREATE STATISTICS worker.tasks_queue_state (mcv) ON queue, state FROM worker.tasks;
+
+-- Name: tasks tasks_before_insert; Type: TRIGGER; Schema: worker; Owner: -
+
+CREATE TRIGGER tasks_before_insert BEFORE INSERT ON worker.tasks FOR EACH ROW WHEN (((new.queue IS NULL) OR ((new.state = 'queued'::worker.task_state) AND (new.run_at > now())))) EXECUTE FUNCTION worker.before_insert();
+
+-- Name: tasks tasks_notify_inserted; Type: TRIGGER; Schema: worker; Owner: -
+
+CREATE TRIGGER tasks_notify_inserted AFTER INSERT ON worker.tasks REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION worker.notify_inserted();
