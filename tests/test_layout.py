@@ -4,6 +4,7 @@ import inside a function to dodge one; modules stay small. These need no databas
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -174,3 +175,21 @@ def test_a_workers_query_set_holds_the_cores_statements_only() -> None:
     assert len(outside) > 50
     assert sorted(n for n in outside if n in core) == []
     assert "register" in core and "pause_queue" in core  # the core's own are there
+
+
+def test_architecture_names_every_room_and_only_files_that_exist() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    rooms = next(c for c in config["contracts"] if c.get("containers") == ["worker"])
+    for layer in rooms["layers"]:
+        assert layer in text, f"ARCHITECTURE.md does not show the layer {layer!r}"
+    named = set(re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.(?:py|sql))`", text))
+    named |= {
+        m[0] + (m[1] or ".py") for m in re.findall(r"`((?:[a-z_]+/)+[a-z_]+)(\.[a-z_]+)?`", text)
+    }
+    missing = [
+        n for n in sorted(named)
+        if not (PACKAGE / n).exists() and not (ROOT / n).exists()
+        and not (PACKAGE / n.removesuffix(".py")).is_dir()
+    ]  # fmt: skip
+    assert len(named) > 20 and missing == []
