@@ -519,82 +519,144 @@ BEGIN
 END;
 $$;
 
--- Name: claim_limited(text, uuid, integer, double precision, text[], integer[]); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: claim_limited_batch(text[], integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.claim_limited(claim_queue text, claim_worker uuid, want integer, lease_seconds double precision, handler_tasks text[], handler_max_attempts integer[]) RETURNS TABLE(id bigint, task text, payload text, attempts integer, max_attempts integer, queue text, priority integer, run_at timestamp with time zone, created_at timestamp with time zone, claimed_at timestamp with time zone, xid text, wait_seconds double precision)
+CREATE FUNCTION worker.claim_limited_batch(queues text[], want integer, lookahead double precision DEFAULT 0.5) RETURNS TABLE(id bigint, start_at timestamp with time zone, queue text, wait_seconds double precision, held boolean)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q    text;
+    rest integer := want;
+    r    record;
+BEGIN
+    IF want <= 0 OR cardinality(queues) = 0 THEN
+        RETURN;
+    END IF;
+    FOR q IN SELECT l.queue FROM "worker".queue_limits AS l
+              WHERE l.queue = ANY(queues)
+                AND NOT EXISTS (SELECT 1 FROM "worker".paused_queues AS p WHERE p.queue = l.queue)
+              ORDER BY l.queue
+    LOOP
+        EXIT WHEN rest <= 0;
+        SELECT * INTO r FROM "worker".claim_limited_rows(q, rest, lookahead);
+        RETURN QUERY SELECT x.id, x.s, q, NULL::double precision, NULL::boolean
+                       FROM unnest(r.ids, r.start_at) AS x(id, s);
+        rest := rest - cardinality(r.ids);
+        IF r.held OR r.wait_seconds IS NOT NULL THEN
+            RETURN QUERY SELECT NULL::bigint, NULL::timestamptz, q, r.wait_seconds, r.held;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- Name: claim_limited_rows(text, integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.claim_limited_rows(q text, want integer, lookahead double precision DEFAULT 0.5, OUT ids bigint[], OUT start_at timestamp with time zone[], OUT wait_seconds double precision, OUT held boolean) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_variable
 DECLARE
-    q       text := claim_queue;
-    lim     "worker".queue_limits;
-    t0      timestamptz;
-    room    integer := want;
-    used    integer;
-    oldest  timestamptz;
-    wait    double precision;
-    keyed   boolean;
-    chosen  bigint[];
-    -- How far into a queue with per-key limits a claim looks for rows without a key.
-    keyless_window constant integer := 256;
+    lim      "worker".queue_limits;
+    t0       timestamptz := now();
+    room     integer := want;
+    permits  integer[] := '{}';
+    keyed    boolean;
+    gap      interval;
+    key_gap  interval;
+    tat      timestamptz;
+    horizon  timestamptz;
+    cand     record;
+    kbusy    text[] := '{}';
+    s        timestamptz;
+    rowslots integer[] := '{}';
+    rowkeys  text[] := '{}';
+    kslot    integer;
 BEGIN
-    -- Serialise with the other claims of this queue (workers take their queues' locks in name
-    -- order: no deadlock). No row: the queue is no longer limited; nothing from it this time.
-    SELECT * INTO lim FROM "worker".queue_limits AS l WHERE l.queue = q FOR UPDATE;
+    ids := '{}';
+    start_at := '{}';
+    held := false;
+    SELECT * INTO lim FROM "worker".queue_limits AS l WHERE l.queue = q;
     IF NOT FOUND OR want <= 0 THEN
         RETURN;
     END IF;
-    -- The database clock after the lock: later than every start recorded before ours.
-    t0 := clock_timestamp();
+    horizon := t0 + make_interval(secs => lookahead);
 
     IF lim.concurrency IS NOT NULL THEN
-        -- A row whose lease ran out does not count: its worker is gone (rescue puts it back).
-        SELECT count(*) INTO used FROM "worker".tasks AS t
-         WHERE t.queue = q AND t.state = 'in_progress' AND t.limit_held
-           AND t.lease_expires_at >= t0;
-        room := least(room, lim.concurrency - used);
-    END IF;
-    IF lim.rate IS NOT NULL THEN
-        DELETE FROM "worker".limit_starts AS s
-         WHERE s.queue = q
-           AND s.started_at <= t0 - make_interval(
-               secs => greatest(lim.rate_seconds, coalesce(lim.key_rate_seconds, 0)));
-        SELECT coalesce(sum(s.n), 0), min(s.started_at) INTO used, oldest
-          FROM "worker".limit_starts AS s
-         WHERE s.queue = q AND s.started_at > t0 - make_interval(secs => lim.rate_seconds);
-        IF used >= lim.rate THEN
-            -- The next start is allowed when the oldest starts in the window leave it.
-            wait := extract(epoch FROM oldest + make_interval(secs => lim.rate_seconds) - t0);
+        permits := ARRAY(
+            SELECT p.slot FROM "worker".limit_permits AS p
+             WHERE p.queue = q AND p.limit_key = '' AND p.task_id IS NULL
+               AND p.slot <= lim.concurrency
+             ORDER BY p.slot LIMIT room
+               FOR UPDATE SKIP LOCKED);
+        IF cardinality(permits) < room THEN
+            permits := permits || ARRAY(
+                SELECT p.slot FROM "worker".limit_permits AS p
+                 WHERE p.queue = q AND p.limit_key = '' AND p.task_id IS NOT NULL
+                   AND p.slot <= lim.concurrency
+                   AND NOT EXISTS (
+                       SELECT 1 FROM "worker".tasks AS t
+                        WHERE t.id = p.task_id AND t.attempts = p.attempt
+                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
+                 ORDER BY p.slot LIMIT room - cardinality(permits)
+                   FOR UPDATE SKIP LOCKED);
         END IF;
-        room := least(room, lim.rate - used);
-    ELSIF lim.key_rate IS NOT NULL THEN
-        DELETE FROM "worker".limit_starts AS s
-         WHERE s.queue = q AND s.started_at <= t0 - make_interval(secs => lim.key_rate_seconds);
-    END IF;
-    IF room <= 0 THEN
-        IF wait IS NOT NULL THEN
-            RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::integer,
-                NULL::integer, q, NULL::integer, NULL::timestamptz, NULL::timestamptz,
-                NULL::timestamptz, NULL::text, greatest(wait, 0.001);
+        -- Rows running under the limit that hold no permit (written by hand, or from before
+        -- permits) count too: never more running than the limit, whatever the permits say.
+        room := least(cardinality(permits), lim.concurrency - (
+            SELECT count(*) FROM "worker".tasks AS t
+             WHERE t.queue = q AND t.state = 'in_progress' AND t.limit_held
+               AND t.lease_expires_at >= t0));
+        IF room < want THEN
+            held := true;
         END IF;
-        RETURN;
+        room := greatest(room, 0);
+    END IF;
+
+    IF lim.rate IS NOT NULL AND room > 0 THEN
+        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.02);
+        SELECT r.tat INTO tat FROM "worker".limit_rates AS r
+         WHERE r.queue = q AND r.limit_key = '' FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Busy: another claim paces this queue right now. Try again in a moment.
+            wait_seconds := 0.02;
+            room := 0;
+        END IF;
     END IF;
 
     keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
-    IF NOT keyed THEN
-        -- The queue's limits only: its first rows in claim order.
-        chosen := ARRAY(
+    IF lim.key_rate IS NOT NULL THEN
+        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.02);
+    END IF;
+
+    IF room > 0 AND NOT keyed THEN
+        -- The queue's first rows in claim order, as many as there is room for.
+        FOR cand IN
             SELECT t.id FROM "worker".tasks AS t
-             WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= now()
+             WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
              ORDER BY (-t.priority), t.run_at, t.id
              LIMIT room
-               FOR UPDATE SKIP LOCKED);
-    ELSE
-        -- Per key: the room each key has left (concurrency and rate), then the first rows of
-        -- each key with room, read from tasks_limit_key_idx (one probe per key with queued rows,
-        -- found by a skip scan), merged in claim order with the rows that have no key.
-        chosen := ARRAY(
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            s := NULL;
+            IF lim.rate IS NOT NULL THEN
+                s := greatest(t0, tat - (coalesce(lim.burst, 1) - 1) * gap);
+                IF s > horizon THEN
+                    wait_seconds := greatest(extract(epoch FROM s - horizon), 0.001);
+                    EXIT;
+                END IF;
+                tat := greatest(tat, s) + gap;
+            END IF;
+            ids := ids || cand.id;
+            start_at := start_at || CASE WHEN s > t0 THEN s END;
+        END LOOP;
+    ELSIF room > 0 THEN
+        -- Per key: the first rows of each key (one probe of tasks_limit_key_idx per key with
+        -- queued rows, found by a skip scan), merged in claim order with the rows without a
+        -- key (among the queue's first rows only), so that a key at its limit with a deep
+        -- backlog costs the others nothing. Each row is then taken if its key has a permit and
+        -- its pace allows it, and if no other claim has locked it.
+        FOR cand IN
             WITH RECURSIVE keys AS (
                 (SELECT t.limit_key AS k FROM "worker".tasks AS t
                   WHERE t.queue = q AND t.state = 'queued' AND t.limit_key IS NOT NULL
@@ -605,98 +667,114 @@ BEGIN
                            AND t.limit_key > keys.k
                          ORDER BY t.limit_key LIMIT 1)
                   FROM keys WHERE keys.k IS NOT NULL
-            ), running AS (
-                SELECT t.limit_key AS k, count(*)::integer AS n FROM "worker".tasks AS t
-                 WHERE t.queue = q AND t.state = 'in_progress' AND t.limit_held
-                   AND t.limit_key IS NOT NULL AND t.lease_expires_at >= t0
-                   AND lim.key_concurrency IS NOT NULL
-                 GROUP BY t.limit_key
-            ), started AS (
-                SELECT s.limit_key AS k, sum(s.n)::integer AS n FROM "worker".limit_starts AS s
-                 WHERE s.queue = q AND s.limit_key IS NOT NULL
-                   AND s.started_at > t0 - make_interval(secs => lim.key_rate_seconds)
-                   AND lim.key_rate IS NOT NULL
-                 GROUP BY s.limit_key
-            ), roomy AS (
-                SELECT keys.k,
-                       least(room,
-                             coalesce(lim.key_concurrency - r.n, lim.key_concurrency, room),
-                             coalesce(lim.key_rate - s.n, lim.key_rate, room)) AS n
-                  FROM keys
-                  LEFT JOIN running AS r ON r.k = keys.k
-                  LEFT JOIN started AS s ON s.k = keys.k
-                 WHERE keys.k IS NOT NULL
             ), candidates AS (
-                SELECT c.id, c.neg_priority, c.run_at
-                  FROM roomy
+                SELECT f.id, f.k, f.neg_priority, f.run_at
+                  FROM keys
                  CROSS JOIN LATERAL (
-                    -- (LIMIT cannot name roomy.n: number the rows instead.)
-                    SELECT f.*, row_number() OVER () AS nth FROM (
-                        SELECT t.id, -t.priority AS neg_priority, t.run_at
-                          FROM "worker".tasks AS t
-                         WHERE t.queue = q AND t.state = 'queued' AND t.limit_key = roomy.k
-                           AND t.run_at <= now()
-                         ORDER BY (-t.priority), t.run_at, t.id
-                         LIMIT room) AS f) AS c
-                 WHERE roomy.n > 0 AND c.nth <= roomy.n
+                    SELECT t.id, t.limit_key AS k, -t.priority AS neg_priority, t.run_at
+                      FROM "worker".tasks AS t
+                     WHERE t.queue = q AND t.state = 'queued' AND t.limit_key = keys.k
+                       AND t.run_at <= t0
+                     ORDER BY (-t.priority), t.run_at, t.id
+                     LIMIT room) AS f
+                 WHERE keys.k IS NOT NULL
                 UNION ALL
-                -- Rows without a key: among the first rows of the queue in claim order only
-                -- (keyless_window), so that a keyed backlog is never walked in full.
-                SELECT u.id, u.neg_priority, u.run_at FROM (
+                SELECT u.id, NULL, u.neg_priority, u.run_at FROM (
                     SELECT t.id, -t.priority AS neg_priority, t.run_at, t.limit_key
                       FROM "worker".tasks AS t
-                     WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= now()
+                     WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
                      ORDER BY (-t.priority), t.run_at, t.id
-                     LIMIT keyless_window) AS u
+                     LIMIT 256) AS u
                  WHERE u.limit_key IS NULL
             )
-            SELECT c.id FROM candidates AS c ORDER BY c.neg_priority, c.run_at, c.id LIMIT room);
-        -- Lock what was chosen (others' claims of this queue wait on our lock; what is locked
-        -- here was taken by an operator's action, and is left out).
-        chosen := ARRAY(
-            SELECT t.id FROM "worker".tasks AS t
-             WHERE t.id = ANY(chosen) AND t.state = 'queued'
-               FOR UPDATE SKIP LOCKED);
-        IF lim.key_rate IS NOT NULL AND cardinality(chosen) < room THEN
-            -- Keys held back by their rate: when the first of them may start again.
-            SELECT extract(epoch FROM min(s.started_at)
-                           + make_interval(secs => lim.key_rate_seconds) - t0)
-              INTO wait
-              FROM "worker".limit_starts AS s
-             WHERE s.queue = q AND s.limit_key IS NOT NULL
-               AND s.started_at > t0 - make_interval(secs => lim.key_rate_seconds);
-        END IF;
+            SELECT c.id, c.k FROM candidates AS c ORDER BY c.neg_priority, c.run_at, c.id
+        LOOP
+            EXIT WHEN cardinality(ids) >= room;
+            CONTINUE WHEN cand.k = ANY(kbusy);
+            s := NULL;
+            kslot := NULL;
+            IF cand.k IS NOT NULL AND lim.key_concurrency IS NOT NULL THEN
+                kslot := "worker".take_key_permit(q, cand.k, lim.key_concurrency, t0);
+                IF kslot IS NULL THEN
+                    kbusy := kbusy || cand.k;
+                    held := true;
+                    CONTINUE;
+                END IF;
+            END IF;
+            IF cand.k IS NOT NULL AND lim.key_rate IS NOT NULL THEN
+                s := "worker".take_key_start(q, cand.k, key_gap, coalesce(lim.key_burst, 1),
+                                             t0, horizon);
+                IF s IS NULL THEN
+                    -- The key's pace allows nothing more now (or another claim has it).
+                    kbusy := kbusy || cand.k;
+                    wait_seconds := least(coalesce(wait_seconds, 1e9), greatest(extract(
+                        epoch FROM (SELECT r.tat FROM "worker".limit_rates AS r
+                                     WHERE r.queue = q AND r.limit_key = cand.k)
+                                   - (coalesce(lim.key_burst, 1) - 1) * key_gap - horizon),
+                        0.001));
+                END IF;
+            END IF;
+            IF lim.rate IS NOT NULL AND (cand.k IS NULL OR lim.key_rate IS NULL OR s IS NOT NULL)
+            THEN
+                s := greatest(coalesce(s, t0), tat - (coalesce(lim.burst, 1) - 1) * gap);
+                IF s > horizon THEN
+                    wait_seconds := least(coalesce(wait_seconds, 1e9),
+                                          greatest(extract(epoch FROM s - horizon), 0.001));
+                    s := NULL;
+                    kbusy := kbusy || coalesce(cand.k, '');
+                END IF;
+            END IF;
+            IF (cand.k IS NOT NULL AND lim.key_rate IS NOT NULL AND s IS NULL)
+               OR (lim.rate IS NOT NULL AND s IS NULL AND (cand.k IS NULL OR lim.key_rate IS NULL))
+               OR NOT EXISTS (SELECT 1 FROM "worker".tasks AS t
+                               WHERE t.id = cand.id AND t.state = 'queued'
+                                 FOR UPDATE SKIP LOCKED)
+            THEN
+                -- Not taken after all: the permit taken for it is free again.
+                IF kslot IS NOT NULL THEN
+                    UPDATE "worker".limit_permits AS p SET task_id = NULL, attempt = NULL
+                     WHERE p.queue = q AND p.limit_key = cand.k AND p.slot = kslot;
+                END IF;
+                CONTINUE;
+            END IF;
+            IF lim.rate IS NOT NULL THEN
+                tat := greatest(tat, s) + gap;
+            END IF;
+            ids := ids || cand.id;
+            start_at := start_at || CASE WHEN s > t0 THEN s END;
+            rowkeys := rowkeys || coalesce(cand.k, '');
+            rowslots := rowslots || kslot;
+        END LOOP;
     END IF;
 
-    IF lim.rate IS NOT NULL OR lim.key_rate IS NOT NULL THEN
-        INSERT INTO "worker".limit_starts (queue, limit_key, started_at, n)
-        SELECT q, t.limit_key, t0, count(*) FROM "worker".tasks AS t WHERE t.id = ANY(chosen)
-         GROUP BY t.limit_key;
+    IF lim.rate IS NOT NULL AND tat IS NOT NULL AND cardinality(ids) > 0 THEN
+        UPDATE "worker".limit_rates AS r
+           SET tat = greatest(r.tat, tat),
+               window_starts = CASE WHEN r.window_start > t0 - make_interval(secs => lim.rate_seconds)
+                                    THEN r.window_starts + cardinality(ids)
+                                    ELSE cardinality(ids) END,
+               window_start = CASE WHEN r.window_start > t0 - make_interval(secs => lim.rate_seconds)
+                                   THEN r.window_start ELSE t0 END
+         WHERE r.queue = q AND r.limit_key = '';
     END IF;
-
-    RETURN QUERY
-    UPDATE "worker".tasks AS t
-       SET state = 'in_progress',
-           attempts = t.attempts + 1,
-           max_attempts = coalesce(
-               t.max_attempts,
-               (SELECT h.max_attempts
-                  FROM unnest(handler_tasks, handler_max_attempts) AS h(task, max_attempts)
-                 WHERE h.task = t.task)),
-           worker_id = claim_worker,
-           started_at = t0,
-           limit_held = true,
-           lease_expires_at = now() + make_interval(secs => lease_seconds)
-     WHERE t.id = ANY(chosen)
-    RETURNING t.id, t.task, t.payload::text, t.attempts, t.max_attempts, t.queue,
-              t.priority,
-              CASE WHEN isfinite(t.run_at) THEN t.run_at ELSE '0001-01-01 00:00:00+00' END,
-              CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END,
-              now(), pg_current_xact_id()::text, NULL::double precision;
-    IF wait IS NOT NULL THEN
-        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::integer, NULL::integer,
-            q, NULL::integer, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
-            NULL::text, greatest(wait, 0.001);
+    IF lim.concurrency IS NOT NULL THEN
+        -- Permits not used (fewer rows than permits): free again at commit; the ones used name
+        -- their rows (their attempt is the one the claim below makes).
+        UPDATE "worker".limit_permits AS p
+           SET task_id = x.id, attempt = t.attempts + 1
+          FROM unnest(permits[1:cardinality(ids)], ids) AS x(slot, id)
+          JOIN "worker".tasks AS t ON t.id = x.id
+         WHERE p.queue = q AND p.limit_key = '' AND p.slot = x.slot;
+    END IF;
+    IF lim.key_concurrency IS NOT NULL THEN
+        UPDATE "worker".limit_permits AS p
+           SET task_id = x.id, attempt = t.attempts + 1
+          FROM unnest(rowslots, rowkeys, ids) AS x(slot, k, id)
+          JOIN "worker".tasks AS t ON t.id = x.id
+         WHERE x.slot IS NOT NULL AND p.queue = q AND p.limit_key = x.k AND p.slot = x.slot;
+    END IF;
+    IF wait_seconds >= 1e9 THEN
+        wait_seconds := NULL;
     END IF;
 END;
 $$;
@@ -712,7 +790,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    DELETE FROM "worker".limit_starts AS s WHERE s.queue = clear_queue_limit.queue;
+    PERFORM "worker".sync_limit_permits(clear_queue_limit.queue);
     RETURN true;
 END;
 $$;
@@ -800,6 +878,22 @@ CREATE FUNCTION worker.finish_action(action_id bigint, counts jsonb, finished bo
        SET counts = coalesce(finish_action.counts, '{}'),
            finished_at = CASE WHEN finish_action.finished THEN now() END
      WHERE id = finish_action.action_id;
+$$;
+
+-- Name: make_key_limits(text, text, integer); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.make_key_limits(q text, k text, c integer) RETURNS void
+    LANGUAGE plpgsql
+    SET lock_timeout TO '50ms'
+    AS $$
+BEGIN
+    IF c IS NOT NULL THEN
+        INSERT INTO "worker".limit_permits (queue, limit_key, slot)
+        SELECT q, k, g FROM generate_series(1, c) AS g ON CONFLICT DO NOTHING;
+    ELSE
+        INSERT INTO "worker".limit_rates (queue, limit_key) VALUES (q, k) ON CONFLICT DO NOTHING;
+    END IF;
+END;
 $$;
 
 -- Name: notify_inserted(); Type: FUNCTION; Schema: worker; Owner: -
@@ -935,12 +1029,14 @@ BEGIN
 END;
 $$;
 
--- Name: set_queue_limit(text, integer, integer, integer, double precision, integer, double precision, text, text); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: set_queue_limit(text, integer, integer, integer, double precision, integer, double precision, text, text, integer, integer); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.set_queue_limit(queue text, concurrency integer DEFAULT NULL::integer, key_concurrency integer DEFAULT NULL::integer, rate integer DEFAULT NULL::integer, rate_seconds double precision DEFAULT NULL::double precision, key_rate integer DEFAULT NULL::integer, key_rate_seconds double precision DEFAULT NULL::double precision, source text DEFAULT 'operator'::text, updated_by text DEFAULT CURRENT_USER) RETURNS boolean
+CREATE FUNCTION worker.set_queue_limit(queue text, concurrency integer DEFAULT NULL::integer, key_concurrency integer DEFAULT NULL::integer, rate integer DEFAULT NULL::integer, rate_seconds double precision DEFAULT NULL::double precision, key_rate integer DEFAULT NULL::integer, key_rate_seconds double precision DEFAULT NULL::double precision, source text DEFAULT 'operator'::text, updated_by text DEFAULT CURRENT_USER, burst integer DEFAULT NULL::integer, key_burst integer DEFAULT NULL::integer) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_variable
+DECLARE
+    changed boolean;
 BEGIN
     IF queue IS NULL OR queue = '' OR char_length(queue) > 255 THEN
         RAISE EXCEPTION 'a queue name is 1 to 255 characters' USING ERRCODE = '22023';
@@ -948,6 +1044,9 @@ BEGIN
     IF num_nonnulls(concurrency, key_concurrency, rate, key_rate) = 0 THEN
         RAISE EXCEPTION 'give at least one limit (use clear_queue_limit to remove them)'
             USING ERRCODE = '22023';
+    END IF;
+    IF concurrency > 100000 OR key_concurrency > 100000 THEN
+        RAISE EXCEPTION 'a concurrency limit is at most 100000' USING ERRCODE = '22023';
     END IF;
     IF rate IS NOT NULL AND rate_seconds IS NULL THEN
         rate_seconds := 1;
@@ -957,19 +1056,132 @@ BEGIN
     END IF;
     INSERT INTO "worker".queue_limits AS l
         (queue, concurrency, key_concurrency, rate, rate_seconds, key_rate, key_rate_seconds,
-         source, updated_by)
+         burst, key_burst, source, updated_by)
     VALUES (queue, concurrency, key_concurrency, rate,
             CASE WHEN rate IS NOT NULL THEN rate_seconds END, key_rate,
-            CASE WHEN key_rate IS NOT NULL THEN key_rate_seconds END, source,
+            CASE WHEN key_rate IS NOT NULL THEN key_rate_seconds END,
+            CASE WHEN rate IS NOT NULL THEN burst END,
+            CASE WHEN key_rate IS NOT NULL THEN key_burst END, source,
             left(coalesce(updated_by, ''), 200))
     ON CONFLICT ON CONSTRAINT queue_limits_pkey DO UPDATE
        SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
            rate = excluded.rate, rate_seconds = excluded.rate_seconds,
            key_rate = excluded.key_rate, key_rate_seconds = excluded.key_rate_seconds,
+           burst = excluded.burst, key_burst = excluded.key_burst,
            source = excluded.source, updated_by = excluded.updated_by, updated_at = now()
      -- Code never overrides an operator's setting (see the table).
      WHERE excluded.source = 'operator' OR l.source = 'code';
-    RETURN FOUND;
+    changed := FOUND;
+    PERFORM "worker".sync_limit_permits(queue);
+    RETURN changed;
+END;
+$$;
+
+-- Name: sync_limit_permits(text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.sync_limit_permits(q text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    c integer;
+BEGIN
+    SELECT l.concurrency INTO c FROM "worker".queue_limits AS l WHERE l.queue = q;
+    INSERT INTO "worker".limit_permits (queue, limit_key, slot)
+    SELECT q, '', g FROM generate_series(1, coalesce(c, 0)) AS g
+    ON CONFLICT DO NOTHING;
+    DELETE FROM "worker".limit_permits AS p
+     WHERE p.queue = q AND p.limit_key = '' AND p.slot > coalesce(c, 0) AND p.task_id IS NULL;
+    IF NOT EXISTS (SELECT 1 FROM "worker".queue_limits AS l
+                    WHERE l.queue = q AND l.key_concurrency IS NOT NULL) THEN
+        DELETE FROM "worker".limit_permits AS p
+         WHERE p.queue = q AND p.limit_key <> '' AND p.task_id IS NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM "worker".queue_limits AS l WHERE l.queue = q AND l.rate IS NOT NULL)
+    THEN
+        INSERT INTO "worker".limit_rates (queue, limit_key) VALUES (q, '') ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM "worker".limit_rates AS r WHERE r.queue = q AND r.limit_key = '';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM "worker".queue_limits AS l
+                    WHERE l.queue = q AND l.key_rate IS NOT NULL) THEN
+        DELETE FROM "worker".limit_rates AS r WHERE r.queue = q AND r.limit_key <> '';
+    END IF;
+END;
+$$;
+
+-- Name: take_key_permit(text, text, integer, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    got integer;
+BEGIN
+    SELECT p.slot INTO got FROM "worker".limit_permits AS p
+     WHERE p.queue = q AND p.limit_key = k AND p.task_id IS NULL AND p.slot <= c
+     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        -- Marked at once, so that the next row of the same key in this claim takes another.
+        UPDATE "worker".limit_permits AS p SET task_id = 0, attempt = 0
+         WHERE p.queue = q AND p.limit_key = k AND p.slot = got;
+        RETURN got;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM "worker".limit_permits AS p
+                    WHERE p.queue = q AND p.limit_key = k) THEN
+        BEGIN
+            PERFORM "worker".make_key_limits(q, k, c);
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN NULL;
+        END;
+        RETURN "worker".take_key_permit(q, k, c, t0);
+    END IF;
+    -- Permits whose holder no longer runs.
+    SELECT p.slot INTO got FROM "worker".limit_permits AS p
+     WHERE p.queue = q AND p.limit_key = k AND p.task_id IS NOT NULL AND p.task_id <> 0
+       AND p.slot <= c
+       AND NOT EXISTS (
+           SELECT 1 FROM "worker".tasks AS t
+            WHERE t.id = p.task_id AND t.attempts = p.attempt
+              AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
+     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE "worker".limit_permits AS p SET task_id = 0, attempt = 0
+         WHERE p.queue = q AND p.limit_key = k AND p.slot = got;
+    END IF;
+    RETURN got;
+END;
+$$;
+
+-- Name: take_key_start(text, text, interval, integer, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.take_key_start(q text, k text, gap interval, burst integer, t0 timestamp with time zone, horizon timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    pace timestamptz;
+    s   timestamptz;
+BEGIN
+    SELECT r.tat INTO pace FROM "worker".limit_rates AS r
+     WHERE r.queue = q AND r.limit_key = k FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        BEGIN
+            PERFORM "worker".make_key_limits(q, k, NULL);
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN NULL;
+        END;
+        SELECT r.tat INTO pace FROM "worker".limit_rates AS r
+         WHERE r.queue = q AND r.limit_key = k FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    s := greatest(t0, pace - (burst - 1) * gap);
+    IF s > horizon THEN
+        RETURN NULL;
+    END IF;
+    UPDATE "worker".limit_rates AS r SET tat = greatest(pace, s) + gap
+     WHERE r.queue = q AND r.limit_key = k;
+    RETURN s;
 END;
 $$;
 
@@ -1019,13 +1231,24 @@ CREATE TABLE worker.cron_schedules (
     CONSTRAINT cron_schedules_key_not_empty CHECK ((key <> ''::text))
 );
 
--- Name: limit_starts; Type: TABLE; Schema: worker; Owner: -
+-- Name: limit_permits; Type: TABLE; Schema: worker; Owner: -
 
-CREATE TABLE worker.limit_starts (
+CREATE TABLE worker.limit_permits (
     queue text NOT NULL,
-    limit_key text,
-    started_at timestamp with time zone NOT NULL,
-    n integer DEFAULT 1 NOT NULL
+    limit_key text DEFAULT ''::text NOT NULL,
+    slot integer NOT NULL,
+    task_id bigint,
+    attempt integer
+);
+
+-- Name: limit_rates; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.limit_rates (
+    queue text NOT NULL,
+    limit_key text DEFAULT ''::text NOT NULL,
+    tat timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    window_start timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    window_starts integer DEFAULT 0 NOT NULL
 );
 
 -- Name: locks; Type: TABLE; Schema: worker; Owner: -
@@ -1065,6 +1288,9 @@ CREATE TABLE worker.queue_limits (
     source text DEFAULT 'operator'::text NOT NULL,
     updated_by text DEFAULT CURRENT_USER NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    burst integer,
+    key_burst integer,
+    CONSTRAINT queue_limits_burst CHECK (((burst >= 1) AND (key_burst >= 1))),
     CONSTRAINT queue_limits_concurrency CHECK (((concurrency >= 0) AND (key_concurrency >= 0))),
     CONSTRAINT queue_limits_key_rate CHECK ((((key_rate IS NULL) = (key_rate_seconds IS NULL)) AND (key_rate >= 0) AND (key_rate_seconds > (0)::double precision) AND (key_rate_seconds <= (31622400)::double precision))),
     CONSTRAINT queue_limits_queue CHECK (((queue <> ''::text) AND (char_length(queue) <= 255))),
@@ -1166,6 +1392,16 @@ ALTER TABLE ONLY worker.actions
 ALTER TABLE ONLY worker.cron_schedules
     ADD CONSTRAINT cron_schedules_pkey PRIMARY KEY (key);
 
+-- Name: limit_permits limit_permits_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.limit_permits
+    ADD CONSTRAINT limit_permits_pkey PRIMARY KEY (queue, limit_key, slot);
+
+-- Name: limit_rates limit_rates_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.limit_rates
+    ADD CONSTRAINT limit_rates_pkey PRIMARY KEY (queue, limit_key);
+
 -- Name: locks locks_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
 ALTER TABLE ONLY worker.locks
@@ -1235,13 +1471,13 @@ ALTER TABLE ONLY worker.workers
 
 CREATE INDEX actions_at_idx ON worker.actions USING btree (at);
 
--- Name: limit_starts_key_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: limit_permits_free_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX limit_starts_key_idx ON worker.limit_starts USING btree (queue, limit_key, started_at) WHERE (limit_key IS NOT NULL);
+CREATE INDEX limit_permits_free_idx ON worker.limit_permits USING btree (queue, limit_key, slot) WHERE (task_id IS NULL);
 
--- Name: limit_starts_queue_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: limit_permits_task_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX limit_starts_queue_idx ON worker.limit_starts USING btree (queue, started_at);
+CREATE INDEX limit_permits_task_idx ON worker.limit_permits USING btree (task_id) WHERE (task_id IS NOT NULL);
 
 -- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
 

@@ -36,6 +36,7 @@ def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[st
         "cursor_priority": [-(10**9)],
         "floor_run_at": ["0001-01-01T00:00:00+00"],
         "floor_id": [0],
+        "lookahead": 0.5,
     }
     values.update(params)
     with conn.transaction(force_rollback=True):

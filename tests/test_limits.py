@@ -11,8 +11,8 @@ import itertools
 import json
 import re
 import statistics
-import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import psutil
@@ -23,7 +23,18 @@ from test_metrics import fetch, scrape
 from test_pool import kill_tree
 
 import worker
+from worker import store
 from worker.monitor.server import serve
+
+
+def _claim(conn: psycopg.Connection, schema: str, queues: list[str], want: int) -> list:
+    """One claim of a fresh worker, as the worker makes it (committed when ``conn`` is in
+    autocommit; left open otherwise)."""
+    args = {"queues": queues, "limit": want, "worker_id": str(uuid.uuid4()), "lease_seconds": 30}
+    if not conn.autocommit:
+        return store.claim(conn, schema, **args)
+    with conn.transaction():
+        return store.claim(conn, schema, **args)
 
 
 def _tables(conn: psycopg.Connection, schema: str) -> None:
@@ -356,38 +367,33 @@ def test_operators_change_limits_at_run_time_and_code_leaves_their_setting_alone
         assert _max_overlap(conn, schema, "queue", since[0], end) == {"open": limit}, limit
 
 
-def test_a_claim_waits_for_the_claim_in_flight_and_counts_its_rows(
+def test_a_claim_in_flight_holds_its_permits_and_nobody_waits_for_it(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
     """Two claims of one limited queue (concurrency 8) at the same moment, on two connections:
     the first has taken 8 rows and not committed; meanwhile 8 more rows arrive at the front of
     the queue (higher priority), which the second claim's snapshot sees and the first's did not.
-    The second claim must wait for the first and then count its 8: it gets nothing. (Without
-    that, it would take the 8 new rows: 16 running.)"""
+    The second claim neither waits for the first nor exceeds the limit: the first holds every
+    permit, so it gets nothing, at once, and serves an unlimited queue in the same statement.
+    Once the first commits, 8 run, not 16."""
     conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 8)")
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 8)"
     )
-    claim = (
-        f"SELECT count(id) FROM {schema}.claim_limited("
-        "'q', gen_random_uuid(), 8, 30, '{}', '{}')"
-    )
-    got: list[int] = []
     with psycopg.connect(pg_dsn) as first, psycopg.connect(pg_dsn, autocommit=True) as second:
-        assert first.execute(claim).fetchone() == (8,)  # uncommitted
+        assert len(_claim(first, schema, ["q"], 8)) == 8  # uncommitted
         conn.execute(
             f"INSERT INTO {schema}.tasks (task, queue, priority)"
             " SELECT 't', 'q', 10 FROM generate_series(1, 8)"
         )
-        thread = threading.Thread(target=lambda: got.append(second.execute(claim).fetchone()[0]))
-        thread.start()
-        time.sleep(0.5)
-        assert got == []  # waiting for the first claim's transaction
+        conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('plain', 'open')")
+        began = time.monotonic()
+        got = _claim(second, schema, ["q", "open"], 16)
+        assert time.monotonic() - began < 1.0  # no wait on the first claim's locks
+        assert [r.queue for r in got] == ["open"]
         first.commit()
-        thread.join(10)
-    assert got == [0]
     running = conn.execute(
-        f"SELECT count(*) FROM {schema}.tasks WHERE state = 'in_progress'"
+        f"SELECT count(*) FROM {schema}.tasks WHERE state = 'in_progress' AND queue = 'q'"
     ).fetchone()
     assert running == (8,)
 
@@ -395,18 +401,17 @@ def test_a_claim_waits_for_the_claim_in_flight_and_counts_its_rows(
 def test_limits_and_their_counts_show_in_status_the_page_and_metrics(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
-    """An operator limits queue "q" to 2 running and 10 starts per second (Python API); of its 3
-    tasks, 2 are claimed under the limit. `worker status` (text and JSON), `worker limits`, the
+    """An operator limits queue "q" to 2 running and 10 starts a minute, 2 of them at once (Python
+    API); of its 3 tasks, 2 are claimed under the limit. `worker status` (text and JSON), `worker
+    limits`, the
     status page and /metrics all show the limits, 2 running and 1 waiting."""
-    assert worker.set_queue_limits(pg_dsn, "q", concurrency=2, rate="10/min", schema=schema)
+    assert worker.set_queue_limits(
+        pg_dsn, "q", concurrency=2, rate="10/min", burst=2, schema=schema
+    )
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 3)"
     )
-    got = conn.execute(
-        f"SELECT count(id) FROM {schema}.claim_limited('q', gen_random_uuid(), 3, 30, '{{}}',"
-        " '{}')"
-    ).fetchone()
-    assert got == (2,)
+    assert len(_claim(conn, schema, ["q"], 3)) == 2
     text = run_cli("status", "--dsn", pg_dsn, "--schema", schema)
     assert text.returncode == 0, text.stderr
     assert re.search(r"^q +2 +- +10/min +- +2 +1 +python$", text.stdout, re.M), text.stdout
@@ -470,11 +475,8 @@ def test_priority_holds_inside_a_limit(schema: str, conn: psycopg.Connection) ->
         " ('a-low', 'q', 'a', 1), ('a-top', 'q', 'a', 9), ('b-mid', 'q', 'b', 5),"
         " ('c-high', 'q', 'c', 7), ('none-low', 'q', NULL, 0)"
     )
-    rows = conn.execute(
-        f"SELECT task FROM {schema}.claim_limited('q', gen_random_uuid(), 10, 30, '{{}}', '{{}}')"
-        " ORDER BY priority DESC"
-    ).fetchall()
-    assert [r[0] for r in rows] == ["a-top", "c-high"]
+    rows = _claim(conn, schema, ["q"], 10)
+    assert [r.task for r in rows] == ["a-top", "c-high"]
 
 
 def test_a_slot_frees_when_its_lease_expires_before_rescue(
@@ -491,12 +493,9 @@ def test_a_slot_frees_when_its_lease_expires_before_rescue(
         " gen_random_uuid(), now() - interval '1 minute', now() + interval '1 minute', true, 'a')"
     )
     conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('next', 'q')")
-    claim = (
-        f"SELECT task FROM {schema}.claim_limited('q', gen_random_uuid(), 5, 30, '{{}}', '{{}}')"
-    )
-    assert conn.execute(claim).fetchall() == []  # the lease holds: the slot is taken
+    assert _claim(conn, schema, ["q"], 5) == []  # the lease holds: the slot is taken
     conn.execute(
         f"UPDATE {schema}.tasks SET lease_expires_at = now() - interval '1 second'"
         " WHERE task = 'dead'"
     )
-    assert conn.execute(claim).fetchall() == [("next",)]
+    assert [r.task for r in _claim(conn, schema, ["q"], 5)] == ["next"]

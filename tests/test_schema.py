@@ -168,11 +168,13 @@ def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_tab
             "floor_id": [0, 1000, 0],
             "handler_tasks": [f"t{i}" for i in range(50)],
             "handler_max_attempts": [3] * 50,
+            "lookahead": 0.5,
         },
     )
     _no_seq_scan(nodes)
     index_scans = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
     assert "tasks_claim_idx" in index_scans
+    # (The limited queues' sort is inside claim_limited_batch, not in this plan.)
     assert not [n for n in nodes if n["Node Type"] == "Sort"], "claim must not sort"
 
 
@@ -226,7 +228,8 @@ def test_ack_plans_use_no_table_scan(conn: psycopg.Connection, big_table: str, n
     _no_seq_scan(nodes)
     # By primary key: a scan of the partial lease index walks every dead entry it holds.
     used = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
-    assert used - {"workers_pkey"} == {"tasks_pkey"}, used
+    # (limit_permits_task_idx: the permits of rows claimed under a limit, freed with them.)
+    assert used - {"workers_pkey", "limit_permits_task_idx"} == {"tasks_pkey"}, used
 
 
 def test_retry_rescue_purge_plans_use_no_table_scan(
@@ -245,6 +248,7 @@ def test_retry_rescue_purge_plans_use_no_table_scan(
                 "delays": [1.0] * n,
                 "errors": ["x"] * n,
                 "permanent": [False] * n,
+                "max_attempts": [3] * n,
                 "worker_id": str(uuid.uuid4()),
                 "history": 10,
                 "history_chars": 2000,

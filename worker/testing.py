@@ -188,7 +188,7 @@ def _run_one(
             store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
             return TaskRun(c.id, c.task, c.attempt, True, "done")
     delay = retry_delay(c.attempt, d.retry_backoff)
-    failure = store.Failure(c.id, c.attempt, delay, error, permanent)
+    failure = store.Failure(c.id, c.attempt, delay, error, permanent, d.max_attempts)
     state = store.fail(conn, schema, worker_id=worker_id, failures=[failure]).get(c.id, "lost")
     return TaskRun(c.id, c.task, c.attempt, False, state, error)
 

@@ -40,6 +40,8 @@ def as_dict(q: _limits.QueueLimits) -> dict[str, Any]:
         "waiting": q.waiting,
         "recent_starts": q.recent_starts,
         "running_keys": q.running_keys,
+        "burst": q.limits.burst,
+        "key_burst": q.limits.key_burst,
     }
 
 
@@ -78,7 +80,14 @@ def cmd_limits(args: argparse.Namespace) -> int:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    limits = _limits.Limits(args.concurrency, args.key_concurrency, args.rate, args.key_rate)
+    limits = _limits.Limits(
+        args.concurrency, args.key_concurrency, args.rate, args.key_rate, args.burst,
+        args.key_burst,
+    )  # fmt: skip
+    for flag, burst, rate in (("--burst", args.burst, args.rate),
+                              ("--key-burst", args.key_burst, args.key_rate)):  # fmt: skip
+        if burst is not None and rate is None:
+            raise CliError(f"{flag} goes with {flag.replace('burst', 'rate')}", 2)
     if limits.empty:
         raise CliError(
             "give at least one of --concurrency, --key-concurrency, --rate, --key-rate"
@@ -127,6 +136,12 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--rate", type=_rate, help="most starts per period in the queue: 50/s, 1000/h")
     s.add_argument("--key-rate", type=_rate, help="most starts per period per key: 10/min")
+    s.add_argument(
+        "--burst",
+        type=int_in(1, 100_000),
+        help="starts --rate lets through at once after a quiet spell (default 1: evenly spaced)",
+    )
+    s.add_argument("--key-burst", type=int_in(1, 100_000), help="the same for --key-rate, per key")
     s.add_argument("--by", default=None, help="who sets them, for the record (default: user@host)")
     s.set_defaults(func=cmd_set)
     c = actions.add_parser("clear", parents=[common], help="remove a queue's limits")

@@ -60,6 +60,9 @@ class Duty:
     prepared: bool = False  # prepare statements run five times (long-lived, repetitive duties)
     statement_timeout_ms: int = 0  # 0: the server's default
     lock_timeout_ms: int = 0  # 0: the server's default
+    # A session left inside a transaction this long is ended by the server (0: its default), so
+    # a client frozen mid-transaction (SIGSTOP, a paused VM) cannot keep its locks.
+    idle_in_transaction_ms: int = 0
     index_plans: bool = False  # keep cached plans on the indexes (session_settings, session.sql)
 
     def with_timeouts(self, *, statement_ms: int | None = None, lock_ms: int | None = None) -> Duty:
@@ -69,8 +72,18 @@ class Duty:
 
 
 # A worker process's own threads: claim and acknowledge, renew leases, maintain. Their statements
-# repeat and are meant to reach rows through indexes only.
-CLAIM = Duty("worker", connect_timeout=5, prepared=True, index_plans=True)
+# repeat and are meant to reach rows through indexes only. The claim's transactions last
+# milliseconds and take every lock with SKIP LOCKED; what they may still wait for (a row an
+# operator's transaction holds) is bounded, and a claim frozen inside its transaction is ended by
+# the server within seconds.
+CLAIM = Duty(
+    "worker",
+    connect_timeout=5,
+    prepared=True,
+    index_plans=True,
+    lock_timeout_ms=2000,
+    idle_in_transaction_ms=5000,
+)
 LEASE = Duty("worker-lease", connect_timeout=5, prepared=True, index_plans=True)
 MAINTENANCE = Duty(
     "worker-maintenance",
@@ -115,12 +128,18 @@ def configure(conn: psycopg.Connection, duty: Duty, *, session: bool = True) -> 
     role = os.environ.get(ROLE_ENV)
     if role:
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-    if duty.statement_timeout_ms or duty.lock_timeout_ms or duty.index_plans:
+    if (
+        duty.statement_timeout_ms
+        or duty.lock_timeout_ms
+        or duty.idle_in_transaction_ms
+        or duty.index_plans
+    ):
         conn.execute(
             _SESSION["session_settings"],
             {
                 "statement_ms": str(duty.statement_timeout_ms),
                 "lock_ms": str(duty.lock_timeout_ms),
+                "idle_ms": str(duty.idle_in_transaction_ms),
                 "seqscan": "off" if duty.index_plans else "on",
             },
         )

@@ -16,8 +16,8 @@ SELECT set_config('statement_timeout', %(ms)s, false);
 
 -- name: session_settings
 -- A duty's session settings (worker.db.connect), in one round trip when a connection is made:
--- its statement and lock timeouts ('0': the server's default) and, for the worker's own
--- connections (claim loop, lease keeper, maintenance), plans kept on the indexes. Every statement
+-- its statement, lock and idle-in-transaction timeouts ('0': the server's default) and, for the
+-- worker's own connections (claim loop, lease keeper, maintenance), plans kept on the indexes. Every statement
 -- those connections run is meant to reach its rows through an index. Their statements are
 -- prepared, and PostgreSQL soon caches a generic plan, costed with the table's statistics of that
 -- moment: a worker that starts on an empty or freshly truncated table would keep a sequential scan
@@ -28,4 +28,5 @@ SELECT set_config('statement_timeout', %(ms)s, false);
 -- prepared, so each statement is planned afresh against the table's actual size.
 SELECT set_config('statement_timeout', %(statement_ms)s, false),
        set_config('lock_timeout', %(lock_ms)s, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, false),
        set_config('enable_seqscan', %(seqscan)s, false);

@@ -26,20 +26,19 @@ log = logging.getLogger("worker")
 
 @dataclass(slots=True)
 class Claim:
-    """What one claim statement asked for, and got."""
+    """What one claim statement asked for, and got: rows, and the limited queues a limit held
+    back (``waits``: seconds until a rate allows the next start; ``held``: a full concurrency
+    limit)."""
 
     queues: list[str]
     limit: int
     rows: list[store.Claimed]
-    # Limited queues (see tasks.limits): those read, with what each gave, and those not reached.
-    limited: dict[str, int] = field(default_factory=dict)
-    unlimited_rows: int | None = None  # rows of the unlimited queues (None: all of them)
+    waits: dict[str, float] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)
 
 
 # Beyond this many queues, the poll asks which queues hold work before claiming (polls_all).
 MANY_QUEUES = 8
-# Seconds between two readings of which queues have limits (see Batcher.claim).
-LIMITS_REFRESH = 0.5
 # Rows promoted per statement; more wait for the next claim, which comes at once (see claim).
 PROMOTE_LIMIT = 1000
 
@@ -87,13 +86,9 @@ class Batcher:
         self._poll_at = 0.0  # monotonic time of the next claim over every queue
         self._promote_at = 0.0  # monotonic time of the next promotion
         self._turn = 0
-        # Queues with limits (schema/0014), claimed by claim_limited one at a time; the worker's
-        # maintenance thread refreshes this once a second (set_limited).
-        self.limited: set[str] = set()
         self._held: set[str] = set()  # limited queues a concurrency limit held back
         self._waiting: set[str] = set()  # limited queues a rate limit held back
         self._limit_at = math.inf  # monotonic time when the rate limits allow the next start
-        self._limits_at = 0.0  # monotonic time to read again which queues are limited
 
     # -- what wakes a claim --------------------------------------------------------------------
 
@@ -121,13 +116,13 @@ class Batcher:
         """These queues hold work (the maintenance thread's poll): read them next."""
         self._hot.update(n for n in names if n in self._served)
 
-    def set_limited(self, names: Sequence[str]) -> None:
-        """These of our queues have limits now: a queue that changes side is read at once."""
-        names = set(names) & self._served
-        self._hot.update(names ^ self.limited)
-        self.limited = names
-        self._held &= names
-        self._waiting &= names
+    def learn(self, definition: TaskDef) -> None:
+        """A handler met after the claim (a registry that loads handlers on demand): the next
+        claims fill in its max_attempts for rows whose producer left it to the handler, as they
+        do for every handler known at start."""
+        if self.max_attempts.get(definition.name) != definition.max_attempts:
+            self.max_attempts[definition.name] = definition.max_attempts
+            self._handlers = store.HandlerLimits(self.max_attempts)
 
     def freed(self) -> None:
         """This worker finished tasks: limited queues held back by a concurrency limit may have
@@ -237,12 +232,6 @@ class Batcher:
                     for name in promoted.queues:
                         if self.cursor.passed(name, promoted.earliest):
                             self.cursor.reset(name)
-        if now >= self._limits_at:
-            # Which of our queues have limits: once a second, so that an operator's change
-            # holds fleet-wide within a second (one probe of a small table per second, not per
-            # claim; the claim of an unlimited queue never reads the limit tables).
-            self.set_limited(limited_queues(conn, self.q, self.queues))
-            self._limits_at = now + LIMITS_REFRESH
         if now >= self._limit_at:
             self._hot.update(self._waiting)
             self._waiting.clear()
@@ -254,15 +243,7 @@ class Batcher:
         self._turn += 1
         names = [name for name in order if name in self._hot]
         limit = min(self.batch_size, free)
-        if not self.limited:
-            return Claim(names, limit, self._claim_plain(conn, names, limit))
-        return self._claim_mixed(conn, names, limit, now)
-
-    def _claim_plain(
-        self, conn: psycopg.Connection, names: list[str], limit: int
-    ) -> list[store.Claimed]:
-        """The claim statement over unlimited queues, from this worker's cursors."""
-        return store.claim(
+        taken = store.claim_all(
             conn,
             self.q.schema,
             queues=names,
@@ -272,36 +253,9 @@ class Batcher:
             cursor=self.cursor,
             max_attempts=self._handlers,
         )
-
-    def _claim_mixed(
-        self, conn: psycopg.Connection, names: list[str], limit: int, now: float
-    ) -> Claim:
-        """The unlimited queues in one statement, as usual, then each limited queue in name order
-        (the order every worker takes their limit rows in: no deadlock) with what is left."""
-        plain = [name for name in names if name not in self.limited]
-        rows = self._claim_plain(conn, plain, limit) if plain else []
-        got = Claim(plain, limit, rows, unlimited_rows=len(rows))
-        for name in sorted(n for n in names if n in self.limited):
-            left = limit - len(got.rows)
-            if left <= 0:
-                break
-            result = store.claim_limited(
-                conn,
-                self.q.schema,
-                queue=name,
-                limit=left,
-                worker_id=self.worker_id,
-                lease_seconds=self.lease_seconds,
-                max_attempts=self.max_attempts,
-            )
-            got.rows.extend(result.rows)
-            got.limited[name] = len(result.rows)
-            if result.wait is not None:
-                self._waiting.add(name)
-                self._limit_at = min(self._limit_at, now + result.wait)
-            elif len(result.rows) < left:
-                self._held.add(name)
-        return got
+        for wait in taken.waits.values():
+            self._limit_at = min(self._limit_at, now + wait)
+        return Claim(names, limit, taken.rows, taken.waits, taken.held)
 
     def committed(self, claim: Claim | None) -> bool:
         """After the commit: move the cursors and decide which queues stay hot. True when the
@@ -309,38 +263,33 @@ class Batcher:
         if claim is None:
             return False
         by_queue: dict[str, list[store.Claimed]] = {}
-        if len(claim.queues) == 1 and not claim.limited:
-            if claim.rows:
+        if len(claim.queues) == 1 and not claim.waits and not claim.held:
+            if claim.rows and not claim.rows[0].limited:
                 by_queue[claim.queues[0]] = claim.rows  # one queue: every row is of it
         else:
             for row in claim.rows:  # in claim order within each queue
-                by_queue.setdefault(row.queue, []).append(row)
+                if not row.limited:  # limited queues are read from their start
+                    by_queue.setdefault(row.queue, []).append(row)
         for name, rows in by_queue.items():
-            if name not in claim.limited:
-                self.cursor.advance(name, rows)
-        plain = len(claim.rows) if claim.unlimited_rows is None else claim.unlimited_rows
-        full = plain >= claim.limit
+            self.cursor.advance(name, rows)
+        full = len(claim.rows) >= claim.limit
         self._hot.difference_update(claim.queues)
         if full:
             # The statement stopped at the limit: the queues it reached may hold more, and the
             # ones after them were not read at all.
-            last = claim.rows[plain - 1].queue
+            last = claim.rows[-1].queue
             self._hot.update(claim.queues[max(0, claim.queues.index(last)) :])
-        if claim.unlimited_rows is not None:
-            # A limited queue that gave all it was asked may hold more; the others wait for a
-            # slot (freed), the window (_limit_at) or the poll. Those not reached stay hot.
-            self._hot.difference_update(claim.limited)
-            for name, count in claim.limited.items():
-                if count and name not in self._held and name not in self._waiting:
-                    self._hot.add(name)
-                    full = True
+        # A limited queue held back waits for a slot (freed), or for the rate's next start
+        # (_limit_at); the poll reads it again in any case.
+        self._held.update(claim.held)
+        self._waiting.update(claim.waits)
+        self._hot.difference_update(claim.held, claim.waits)
         return full
 
     def rolled_back(self, claim: Claim | None) -> None:
         """The transaction failed: read the same queues again next time."""
         if claim is not None:
             self._hot.update(claim.queues)
-            self._hot.update(claim.limited)
 
     def reset(self, names: Sequence[str]) -> None:
         """Rows committed behind the cursor of these queues (see store.behind): read them from
@@ -351,18 +300,18 @@ class Batcher:
                 self._hot.add(name)
 
 
-def limited_queues(conn: psycopg.Connection, q: Queries, queues: Sequence[str]) -> list[str]:
-    """Of ``queues``, those with limits (schema/0014)."""
-    return [r[0] for r in conn.execute(q["limited_queues"], {"queues": list(queues)}).fetchall()]
-
-
 def failure(job: Job) -> store.Failure:
     """The retry statement's view of a failed job: when to try again, and why it failed."""
     c, outcome = job.claimed, job.outcome
     assert outcome is not None
     base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
     return store.Failure(
-        c.id, c.attempt, retry_delay(c.attempt, base), outcome.error or "", outcome.permanent
+        c.id,
+        c.attempt,
+        retry_delay(c.attempt, base),
+        outcome.error or "",
+        outcome.permanent,
+        job.definition.max_attempts,
     )
 
 

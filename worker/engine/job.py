@@ -78,6 +78,8 @@ class Job:
     # (loop, asyncio task) of an async handler while it runs, so the main thread can cancel it
     # (set and cleared by its runner).
     aio: tuple[Any, Any] | None = None
+    # A rate limit's pace: the monotonic time before which its handler must not start (0: now).
+    not_before: float = 0.0
     # The row's id and attempt, copied from ``claimed``: read several times per task on the main
     # thread, where a property call each time showed in profiles.
     id: int = field(init=False)

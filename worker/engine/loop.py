@@ -418,6 +418,10 @@ class Worker:
                 job.state = State.RUNNING
                 reports.record(self, Outcome(job.token, ok=False, error=error, handback=True))
                 continue
+            if definition.name not in self.batcher.max_attempts:
+                self.batcher.learn(definition)
+            if c.start_at is not None:  # a rate limit's pace: start then, by our clock
+                job.not_before = now + (c.start_at - c.claimed_at).total_seconds()
             job.payload, error = dispatch.payload_of(c, definition)
             if error is not None:
                 job.state = State.RUNNING

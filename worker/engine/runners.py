@@ -148,6 +148,8 @@ class Executor:
                 job = self._work.get()
                 if job is None:
                     return
+                if job.not_before:
+                    _wait_for_start(job)  # a rate limit's pace (see engine.dispatch)
                 if job.lost:  # rescued before it started: another worker has it now
                     self._events.put(Outcome(job.token, ok=False, error="lost", runner=number))
                     continue
@@ -247,6 +249,15 @@ class Executor:
         # As ``except ... as`` does: no cycle frame -> exception -> traceback -> frame is left.
         failure = None
         return outcome
+
+
+def _wait_for_start(job: Job) -> None:
+    """Wait until the moment a rate limit's pace lets the job start, or until it is lost or
+    cancelled meanwhile (the caller then reports it as for a job that never started)."""
+    while (left := job.not_before - time.monotonic()) > 0:
+        if job.lost or job.cancel_requested:
+            return
+        time.sleep(min(left, 0.05))
 
 
 def cancel(job: Job) -> None:

@@ -35,6 +35,9 @@ class Failure:
     delay: float
     error: str
     permanent: bool
+    # The handler's max_attempts, for a row whose producer left it to the handler and that no
+    # claim filled in (a handler loaded on demand after the claim).
+    max_attempts: int | None = None
 
 
 def complete(
@@ -78,6 +81,7 @@ def fail(
             "delays": [f.delay for f in failures],
             "errors": [f.error for f in failures],
             "permanent": [f.permanent for f in failures],
+            "max_attempts": int_array(f.max_attempts or 0 for f in failures),
             "worker_id": worker_id,
             **HISTORY,
         },

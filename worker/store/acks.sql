@@ -8,18 +8,25 @@
 -- the acknowledgement they had. Results arrive as JSON text, checked by the worker (see
 -- tasks.results.encode_result), and are cast here. A row someone asked to cancel ends 'cancelled'
 -- and keeps no result, as in `complete`.
-UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
-                    ELSE 'cancelled' END,
-       finished_at = now(), lease_expires_at = NULL,
-       result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
-       AS a(id, attempt, result)
- WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-   AND t.attempts = a.attempt
-   AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id, t.state::text AS state;
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
+                        ELSE 'cancelled' END,
+           finished_at = now(), lease_expires_at = NULL,
+           result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
+           AS a(id, attempt, result)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+    RETURNING t.id, t.state::text AS state, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id, state FROM acked;
 
 -- name: notify_done
 -- Wake whoever waits on these tasks (comma-separated ids, under 8,000 bytes: the caller splits
@@ -43,31 +50,45 @@ SELECT pg_notify(%(channel)s, %(ids)s);
 -- and the worker's largest cost in the database beyond the bare-SQL ceiling's.) The worker's
 -- connections rule sequential scans out (session_index_plans), so a plan cached while the table
 -- was small cannot turn this into a scan of the table.
-UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
-                    ELSE 'cancelled' END,
-       finished_at = now(), lease_expires_at = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
- WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-   AND t.attempts = a.attempt
-   AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id, t.state::text AS state;
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
+                        ELSE 'cancelled' END,
+           finished_at = now(), lease_expires_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+    RETURNING t.id, t.state::text AS state, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id, state FROM acked;
 
 -- name: complete_delete
 -- The same fencing as `complete`, for installations that keep no finished rows (retention 0):
 -- deleting is cheaper than writing a new row version that retention would delete later. Cron rows
 -- and rows with a cancel request are left to `complete` (a cron slot must stay taken; a
 -- cancelled task stays visible as cancelled until retention removes it).
-DELETE FROM {schema}.tasks AS t
- USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
- WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-   AND t.attempts = a.attempt
-   AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-   AND t.cron_key IS NULL
-   AND t.cancel_requested_at IS NULL
-RETURNING t.id;
+WITH acked AS (
+    DELETE FROM {schema}.tasks AS t
+     USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+       AND t.cron_key IS NULL
+       AND t.cancel_requested_at IS NULL
+    RETURNING t.id, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id FROM acked;
 
 -- name: retry
 -- Failed attempts: back to queued after the backoff delay, or failed when the handler said not to
@@ -77,29 +98,40 @@ RETURNING t.id;
 -- clock and the worker. Only this statement and the other three that record an error (hand_back,
 -- worker_died, rescue) pay for it; claim and complete do not touch the column.
 -- A row someone asked to cancel ends 'cancelled' instead: it is never retried.
-UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
-                    WHEN a.permanent OR t.attempts >= t.max_attempts THEN 'failed'
-                    WHEN a.delay > 0 THEN 'scheduled' ELSE 'queued' END,
-       run_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
-                          OR t.attempts >= t.max_attempts
-                     THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
-       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
-                               OR t.attempts >= t.max_attempts THEN now() END,
-       last_error = a.error,
-       errors = jsonb_path_query_array(
-           coalesce(t.errors, '[]') || jsonb_build_object(
-               'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
-               'worker_id', t.worker_id),
-           '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
-       lease_expires_at = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[],
-              %(errors)s::text[], %(permanent)s::boolean[]) AS a(id, attempt, delay, error, permanent)
- WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-   AND t.attempts = a.attempt
-   AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id, t.state::text AS state;
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                        WHEN a.permanent OR t.attempts >= coalesce(t.max_attempts, nullif(a.max_attempts, 0))
+                        THEN 'failed'
+                        WHEN a.delay > 0 THEN 'scheduled' ELSE 'queued' END,
+           run_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
+                              OR t.attempts >= coalesce(t.max_attempts, nullif(a.max_attempts, 0))
+                         THEN t.run_at ELSE now() + make_interval(secs => a.delay) END,
+           finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL OR a.permanent
+                                   OR t.attempts >= coalesce(t.max_attempts, nullif(a.max_attempts, 0))
+                              THEN now() END,
+           max_attempts = coalesce(t.max_attempts, nullif(a.max_attempts, 0)),
+           last_error = a.error,
+           errors = jsonb_path_query_array(
+               coalesce(t.errors, '[]') || jsonb_build_object(
+                   'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
+                   'worker_id', t.worker_id),
+               '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
+           lease_expires_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[],
+                  %(errors)s::text[], %(permanent)s::boolean[], %(max_attempts)s::integer[])
+           AS a(id, attempt, delay, error, permanent, max_attempts)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+    RETURNING t.id, t.state::text AS state, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id, state FROM acked;
 
 -- name: hand_back
 -- Rows this worker has no handler for (an old worker during a rolling deploy, a typo in a task
@@ -108,49 +140,63 @@ RETURNING t.id, t.state::text AS state;
 -- once when it starts (workers.sql, register). The error joins the history (see retry) marked
 -- "counted": false, under the number of the attempt that was not counted. One with a cancel
 -- request ends 'cancelled'.
-UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'scheduled'::{schema}.task_state
-                    ELSE 'cancelled' END,
-       attempts = greatest(t.attempts - 1, 0),
-       run_at = CASE WHEN t.cancel_requested_at IS NULL
-                     THEN now() + make_interval(
-                         secs => least(5 * power(2, least(t.handed_back, 10)), 600))
-                     ELSE t.run_at END,
-       handed_back = t.handed_back + 1, last_error = left(a.error, 4000),
-       errors = jsonb_path_query_array(
-           coalesce(t.errors, '[]') || jsonb_build_object(
-               'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
-               'worker_id', t.worker_id, 'counted', false),
-           '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
-       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
-       started_at = NULL, lease_expires_at = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
-       AS a(id, attempt, error)
- WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-   AND t.attempts = a.attempt
-   AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id, t.state::text AS state;
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'scheduled'::{schema}.task_state
+                        ELSE 'cancelled' END,
+           attempts = greatest(t.attempts - 1, 0),
+           run_at = CASE WHEN t.cancel_requested_at IS NULL
+                         THEN now() + make_interval(
+                             secs => least(5 * power(2, least(t.handed_back, 10)), 600))
+                         ELSE t.run_at END,
+           handed_back = t.handed_back + 1, last_error = left(a.error, 4000),
+           errors = jsonb_path_query_array(
+               coalesce(t.errors, '[]') || jsonb_build_object(
+                   'attempt', t.attempts, 'at', now(), 'error', left(a.error, %(history_chars)s),
+                   'worker_id', t.worker_id, 'counted', false),
+               '$[last - $keep + 1 to last]', jsonb_build_object('keep', %(history)s::integer)),
+           finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
+           started_at = NULL, lease_expires_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
+           AS a(id, attempt, error)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+    RETURNING t.id, t.state::text AS state, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id, state FROM acked;
 
 -- name: release
 -- Graceful stop: hand back tasks that did not finish within the grace period. The interrupted
 -- attempt is not counted, so a deploy does not use up a task's retries. A row with a cancel
 -- request is not handed back: it ends 'cancelled' (its attempt counted, as it ran).
-UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'queued'::{schema}.task_state
-                    ELSE 'cancelled' END,
-       attempts = CASE WHEN t.cancel_requested_at IS NULL THEN greatest(t.attempts - 1, 0)
-                       ELSE t.attempts END,
-       run_at = CASE WHEN t.cancel_requested_at IS NULL THEN now() ELSE t.run_at END,
-       started_at = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.started_at END,
-       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
-       lease_expires_at = NULL
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
- WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-   AND t.attempts = a.attempt
-   AND t.worker_id = %(worker_id)s
-   AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-RETURNING t.id;
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'queued'::{schema}.task_state
+                        ELSE 'cancelled' END,
+           attempts = CASE WHEN t.cancel_requested_at IS NULL THEN greatest(t.attempts - 1, 0)
+                           ELSE t.attempts END,
+           run_at = CASE WHEN t.cancel_requested_at IS NULL THEN now() ELSE t.run_at END,
+           started_at = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.started_at END,
+           finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
+           lease_expires_at = NULL
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+    RETURNING t.id, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id FROM acked;
 
 -- name: heartbeat
 -- One statement per heartbeat, whatever the number of tasks in flight: renew the leases of this

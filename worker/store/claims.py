@@ -48,6 +48,9 @@ class Claimed:
     xid: str = ""  # the claiming transaction's id (see monitor.metrics.journal)
     # The producer's trace context as JSON text, or None (schema/0013; read by worker.contrib.otel)
     trace_context: str | None = None
+    # A rate limit's pace: the moment, by the database clock, the handler may start (None: now).
+    start_at: datetime | None = None
+    limited: bool = False  # claimed under a queue's limits (it holds a permit, if any)
 
 
 class ClaimCursor:
@@ -148,7 +151,22 @@ def make_due(conn: psycopg.Connection, schema: str, *, until: datetime) -> int:
     return len(conn.execute(statements(schema)["make_due"], {"until": until}).fetchall())
 
 
-def claim(
+@dataclass(slots=True)
+class Taken:
+    """What one claim took, and the limited queues it could not take from now: ``waits`` says in
+    how many seconds a rate limit allows the next start, ``held`` which concurrency limits are
+    full."""
+
+    rows: list[Claimed]
+    waits: dict[str, float] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)
+
+
+# How far ahead a claim takes the starts a rate limit allows: a runner waits for its start.
+LOOKAHEAD = 0.5
+
+
+def claim_all(
     conn: psycopg.Connection,
     schema: str,
     *,
@@ -158,9 +176,10 @@ def claim(
     lease_seconds: float,
     cursor: ClaimCursor | None = None,
     max_attempts: Mapping[str, int] | HandlerLimits | None = None,
-) -> list[Claimed]:
+) -> Taken:
     """queued -> in_progress for up to ``limit`` due rows of ``queues`` (first queues first), in
-    claim order within each queue; one statement whatever the number of queues.
+    claim order within each queue, whatever their limits; one statement whatever the number of
+    queues (the claim in claims.sql, where pauses, limits and priorities are its predicates).
 
     ``max_attempts``: the handlers' settings by task name, for rows whose producer left
     max_attempts to the handler (NULL); rows of other tasks keep NULL (they are handed back).
@@ -184,50 +203,44 @@ def claim(
             "cursor_priority": int_array(p[0] for p in positions),
             "floor_run_at": text_array(p[1].isoformat() for p in positions),
             "floor_id": int_array(p[2] for p in positions),
+            "lookahead": LOOKAHEAD,
         },
     ).fetchall()
-    claimed = [Claimed(*row) for row in rows]
+    taken = Taken([Claimed(*row[:14]) for row in rows if row[0] is not None])
+    for row in rows:
+        if row[0] is None:  # a limited queue held back: (..., queue, ..., wait_seconds, held)
+            if row[14] is not None:
+                taken.waits[row[5]] = min(float(row[14]), taken.waits.get(row[5], 1e9))
+            if row[15]:
+                taken.held.add(row[5])
     # UPDATE ... RETURNING does not keep the CTE's order; the cursor and the dispatch need it.
     order = {name: i for i, name in enumerate(queues)}
-    claimed.sort(key=lambda c: (order.get(c.queue, 0), -c.priority, c.run_at, c.id))
-    return claimed
+    taken.rows.sort(key=lambda c: (order.get(c.queue, 0), -c.priority, c.run_at, c.id))
+    return taken
 
 
-@dataclass(slots=True)
-class LimitedClaim:
-    rows: list[Claimed]
-    wait: float | None  # a rate limit held work back: seconds until the next start is allowed
-
-
-def claim_limited(
+def claim(
     conn: psycopg.Connection,
     schema: str,
     *,
-    queue: str,
+    queues: Sequence[str],
     limit: int,
     worker_id: str,
     lease_seconds: float,
-    max_attempts: Mapping[str, int] | None = None,
-) -> LimitedClaim:
-    """queued -> in_progress for what ``queue``'s limits allow of up to ``limit`` due rows
-    (schema/0014: claims of a limited queue take turns on its limit row, so they cannot together
-    exceed a limit), in claim order."""
-    limits = max_attempts or {}
-    rows = conn.execute(
-        statements(schema)["claim_limited"],
-        {
-            "queue": queue,
-            "limit": limit,
-            "worker_id": worker_id,
-            "lease_seconds": lease_seconds,
-            "handler_tasks": list(limits),
-            "handler_max_attempts": list(limits.values()),
-        },
-    ).fetchall()
-    claimed = [Claimed(*row[:11]) for row in rows if row[0] is not None]
-    waits = [float(row[11]) for row in rows if row[0] is None and row[11] is not None]
-    claimed.sort(key=lambda c: (-c.priority, c.run_at, c.id))
-    return LimitedClaim(claimed, min(waits) if waits else None)
+    cursor: ClaimCursor | None = None,
+    max_attempts: Mapping[str, int] | HandlerLimits | None = None,
+) -> list[Claimed]:
+    """``claim_all``'s rows alone."""
+    return claim_all(
+        conn,
+        schema,
+        queues=queues,
+        limit=limit,
+        worker_id=worker_id,
+        lease_seconds=lease_seconds,
+        cursor=cursor,
+        max_attempts=max_attempts,
+    ).rows
 
 
 def due_queues(conn: psycopg.Connection, schema: str, queues: Sequence[str]) -> list[str]:

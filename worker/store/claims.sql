@@ -53,28 +53,47 @@ UPDATE {schema}.tasks
 RETURNING id;
 
 -- name: claim
--- Take up to `limit` rows of the given queues, in that order of queues, and make them ours in one
--- statement, whatever the number of queues. SKIP LOCKED lets concurrent workers take different
--- rows without waiting on each other. The lease is set by the database clock, so clock skew
--- between machines does not matter.
+-- One claim for every queue a worker serves: take up to `limit` rows of the given queues, in that
+-- order of queues, and make them ours in one statement, whatever the number of queues. Every
+-- rule a claim obeys is a predicate here, in one place:
+--   * a paused queue (schema/0009) gives nothing, from the moment the pause commits (one probe
+--     of a small table per queue, in this statement's snapshot), fleet-wide;
+--   * a queue with limits (schema/0014, 0017) is taken by claim_limited_batch: within its
+--     concurrency permits and the pace of its rate limits, per queue and per key, each row with
+--     the moment it may start;
+--   * every other queue by priority, then run_at, then id, from this worker's cursor;
+--   * rows someone asked to cancel never reach this claim (they end cancelled, see cancel_tasks).
+-- SKIP LOCKED everywhere: concurrent workers take different rows and permits without waiting on
+-- each other, and a worker frozen in its transaction holds only what it took. The lease is set
+-- by the database clock, so clock skew between machines does not matter.
 --
 -- Only due rows are in the claim index (delayed ones wait as 'scheduled'), so a claim reads the
 -- first entries of each queue and stops. Dead entries are the other thing a scan can walk: rows
 -- claimed since the last vacuum leave them at the front of the queue's range, and they pile up
--- while a long transaction elsewhere holds vacuum back. So each queue is read from a little
--- before where this worker's last claim stopped: the floor (floor_run_at, floor_id, within the
--- priority cursor_priority) trails the last claimed row by a short look-back (see ClaimCursor)
--- for rows that committed late. Three ranges together are the whole queue in claim order:
+-- while a long transaction elsewhere holds vacuum back. So each unlimited queue is read from a
+-- little before where this worker's last claim stopped: the floor (floor_run_at, floor_id,
+-- within the priority cursor_priority) trails the last claimed row by a short look-back (see
+-- ClaimCursor) for rows that committed late. Three ranges together are the whole queue in claim
+-- order:
 --   1. higher priorities than the cursor's, from their start;
 --   2. the cursor's priority, from the floor;
 --   3. lower priorities, from their start.
 -- A row that commits further behind than the floor is found by `behind` (run by the
 -- maintenance thread), which sends this worker back to the start of that queue.
-WITH picked AS (
-    SELECT c.id
+--
+-- Rows come back with `start_at` (a rate limit's pace: the moment the handler may start; NULL:
+-- now) and `limited`; a queue a limit held back comes back as a row without an id, with
+-- `wait_seconds` (when a rate allows the next start) or `held` (a concurrency limit is full).
+WITH asked AS (
+    SELECT q.name, q.neg_priority, q.run_at, q.id,
+           EXISTS (SELECT 1 FROM {schema}.queue_limits AS l WHERE l.queue = q.name) AS limited
       FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
                   %(floor_run_at)s::timestamptz[], %(floor_id)s::bigint[])
            AS q(name, neg_priority, run_at, id)
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
+), picked AS (
+    SELECT c.id
+      FROM asked AS q
      CROSS JOIN LATERAL (
         SELECT id FROM (
             SELECT id FROM {schema}.tasks
@@ -102,51 +121,66 @@ WITH picked AS (
                FOR UPDATE SKIP LOCKED) AS lower
         LIMIT %(limit)s
      ) AS c
-     -- A paused queue (schema/0009) gives nothing: one probe of a small table per queue, read in
-     -- this statement's snapshot, so a pause holds from the moment it commits, fleet-wide.
-     WHERE NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p WHERE p.queue = q.name)
+     WHERE NOT q.limited
      LIMIT %(limit)s
+), limited AS (
+    SELECT * FROM {schema}.claim_limited_batch(
+        ARRAY(SELECT name FROM asked WHERE limited),
+        %(limit)s - (SELECT count(*) FROM picked)::integer, %(lookahead)s)
+), moved AS (
+    UPDATE {schema}.tasks AS t
+       SET state = 'in_progress',
+           attempts = t.attempts + 1,
+           -- NULL: the producer left it to the handler (schema/0003); this worker's handlers
+           -- say. A task this worker has no handler for keeps NULL: it is handed back
+           -- (hand_back) and its own handler decides later.
+           max_attempts = coalesce(
+               t.max_attempts,
+               (SELECT h.max_attempts
+                  FROM unnest(%(handler_tasks)s::text[], %(handler_max_attempts)s::integer[])
+                       AS h(task, max_attempts)
+                 WHERE h.task = t.task)),
+           worker_id = %(worker_id)s,
+           -- A rate limit's pace: the moment the row may start, when later than now.
+           started_at = CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
+                             THEN coalesce((SELECT l.start_at FROM limited AS l
+                                             WHERE l.id = t.id), now())
+                             ELSE now() END,
+           limit_held = CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
+                             THEN true END,
+           lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+    -- = ANY(ARRAY(...)) makes the planner fetch the taken rows by primary key; a join against
+    -- the CTEs may be planned as a hash join over a scan of the whole table.
+     WHERE t.id = ANY(ARRAY(SELECT id FROM picked)
+                      || ARRAY(SELECT id FROM limited WHERE id IS NOT NULL))
+    -- The payload comes back as text: the worker decodes it per task, outside this transaction,
+    -- so a payload the driver cannot decode (nested thousands deep, a number of thousands of
+    -- digits) fails its own task instead of this claim. Times the driver cannot represent (rows
+    -- from before migration 0004 refused them) come back as the nearest it can.
+    RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, t.queue,
+              t.priority,
+              CASE WHEN isfinite(t.run_at) THEN t.run_at
+                   ELSE '0001-01-01 00:00:00+00' END AS run_at,
+              CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END AS created_at,
+              now() AS claimed_at,
+              -- For the metrics journal: saves it a round trip per batch.
+              pg_current_xact_id()::text AS xid,
+              -- The producer's trace context (schema/0013): NULL unless a traced producer wrote
+              -- it, as text for the same reason as the payload.
+              t.trace_context::text AS trace_context,
+              CASE WHEN t.started_at > now() THEN t.started_at END AS start_at,
+              t.limit_held
 )
-UPDATE {schema}.tasks AS t
-   SET state = 'in_progress',
-       attempts = t.attempts + 1,
-       -- NULL: the producer left it to the handler (schema/0003); this worker's handlers say.
-       -- A task this worker has no handler for keeps NULL: it is handed back (hand_back) and
-       -- its own handler decides later.
-       max_attempts = coalesce(
-           t.max_attempts,
-           (SELECT h.max_attempts
-              FROM unnest(%(handler_tasks)s::text[], %(handler_max_attempts)s::integer[])
-                   AS h(task, max_attempts)
-             WHERE h.task = t.task)),
-       worker_id = %(worker_id)s,
-       started_at = now(),
-       lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
--- = ANY(ARRAY(...)) makes the planner fetch the picked rows by primary key; a join against the
--- CTE may be planned as a hash join over a scan of the whole table.
- WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
--- The payload comes back as text: the worker decodes it per task, outside this transaction, so a
--- payload the driver cannot decode (nested thousands deep, a number of thousands of digits) fails
--- its own task instead of this claim. Times the driver cannot represent (rows from before
--- migration 0004 refused them) come back as the nearest it can.
-RETURNING t.id, t.task, t.payload::text AS payload, t.attempts, t.max_attempts, t.queue,
-          t.priority,
-          CASE WHEN isfinite(t.run_at) THEN t.run_at ELSE '0001-01-01 00:00:00+00' END AS run_at,
-          CASE WHEN isfinite(t.created_at) THEN t.created_at ELSE now() END AS created_at,
-          now() AS claimed_at,
-          -- For the metrics journal (worker/monitor/metrics/journal.py): saves it a round trip per batch.
-          pg_current_xact_id()::text AS xid,
-          -- The producer's trace context (schema/0013): NULL unless a traced producer wrote it,
-          -- as text for the same reason as the payload.
-          t.trace_context::text AS trace_context;
-
--- name: claim_limited
--- The claim of one limited queue (see the function in schema/0014): it serialises with the other
--- claims of that queue and takes only what its limits allow. A row with a NULL id carries
--- wait_seconds: a rate limit held work back until then.
-SELECT * FROM {schema}.claim_limited(
-    %(queue)s, %(worker_id)s, %(limit)s, %(lease_seconds)s,
-    %(handler_tasks)s::text[], %(handler_max_attempts)s::integer[]);
+SELECT m.id, m.task, m.payload, m.attempts, m.max_attempts, m.queue, m.priority, m.run_at,
+       m.created_at, m.claimed_at, m.xid, m.trace_context, m.start_at,
+       coalesce(m.limit_held, false) AS limited, NULL::double precision AS wait_seconds,
+       NULL::boolean AS held
+  FROM moved AS m
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, l.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true,
+       l.wait_seconds, l.held
+  FROM limited AS l
+ WHERE l.id IS NULL;
 
 -- name: due_queues
 -- Of the given queues, those with a row ready to claim: one index probe each, no lock. The

@@ -9,32 +9,39 @@
 -- process from its neighbours, and a task that kills its process must still run out of attempts.
 -- The error joins the history (see retry).
 -- A row someone asked to cancel ends 'cancelled' (schema/0010).
-UPDATE {schema}.tasks AS t
-   SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
-                    WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
-       run_at = now(),
-       finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL
-                               OR t.attempts >= t.max_attempts THEN now() END,
-       (last_error, errors) = (
-           SELECT e.error,
-                  jsonb_path_query_array(
-                      coalesce(t.errors, '[]') || jsonb_build_object(
-                          'attempt', t.attempts, 'at', now(),
-                          'error', left(e.error, %(history_chars)s), 'worker_id', t.worker_id),
-                      '$[last - $keep + 1 to last]',
-                      jsonb_build_object('keep', %(history)s::integer))
-             FROM (SELECT left(%(error)s || ' during attempt ' || t.attempts
-                               || '; tasks it was running: ' || d.running, 4000) AS error) AS e),
-       lease_expires_at = NULL
-  FROM (SELECT id, string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
-          FROM {schema}.tasks
-         WHERE worker_id = %(worker_id)s
-           AND state = 'in_progress'
-         LIMIT 1000) AS d
- WHERE t.id = d.id
-   AND t.state = 'in_progress'
-   AND t.worker_id = %(worker_id)s
-RETURNING t.id, t.queue, t.task, t.state::text AS state;
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
+                        WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
+           run_at = now(),
+           finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL
+                                   OR t.attempts >= t.max_attempts THEN now() END,
+           (last_error, errors) = (
+               SELECT e.error,
+                      jsonb_path_query_array(
+                          coalesce(t.errors, '[]') || jsonb_build_object(
+                              'attempt', t.attempts, 'at', now(),
+                              'error', left(e.error, %(history_chars)s), 'worker_id', t.worker_id),
+                          '$[last - $keep + 1 to last]',
+                          jsonb_build_object('keep', %(history)s::integer))
+                 FROM (SELECT left(%(error)s || ' during attempt ' || t.attempts
+                                   || '; tasks it was running: ' || d.running, 4000) AS error) AS e),
+           lease_expires_at = NULL
+      FROM (SELECT id, string_agg(id || ' (' || left(task, 100) || ')', ', ') OVER () AS running
+              FROM {schema}.tasks
+             WHERE worker_id = %(worker_id)s
+               AND state = 'in_progress'
+             LIMIT 1000) AS d
+     WHERE t.id = d.id
+       AND t.state = 'in_progress'
+       AND t.worker_id = %(worker_id)s
+    RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id, queue, task, state FROM acked;
 
 -- name: rescue
 -- Any worker runs this now and then; no leader is needed. Rows whose lease ran out (their worker
@@ -56,7 +63,7 @@ WITH expired AS (
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-)
+), acked AS (
 UPDATE {schema}.tasks AS t
    SET state = CASE WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'::{schema}.task_state
                     WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
@@ -77,7 +84,13 @@ UPDATE {schema}.tasks AS t
        lease_expires_at = NULL
 -- See claim: primary-key look-ups, never a scan of the table.
  WHERE t.id = ANY(ARRAY(SELECT id FROM expired))
-RETURNING t.id, t.queue, t.task, t.state::text AS state;
+RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
+), freed AS (
+    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
+    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
+     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+)
+SELECT id, queue, task, state FROM acked;
 
 -- name: purge
 -- Retention: delete finished rows past their retention in small batches, oldest first. Done and

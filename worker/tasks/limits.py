@@ -5,8 +5,10 @@ the fleet. Code declares them (``worker.limit(...)`` or ``@worker.task(limits=..
 worker writes its declarations when it starts; an operator changes them at run time (``worker
 limits set``, or ``set_queue_limit()`` in SQL), and code then leaves the operator's setting alone.
 
-The claim of a limited queue is ``claim_limited`` (schema/0014, called from the store); this
-module only declares, records and lists limits, and turns a task's payload into its key.
+Every claim honours them (the store's claim, schema/0017): concurrency limits are permits taken
+by the claim and given back by the acknowledgement; rate limits pace the starts, spaced evenly
+with up to ``burst`` at once. This module only declares, records and lists limits, and turns a
+task's payload into its key.
 """
 
 from __future__ import annotations
@@ -65,13 +67,18 @@ class Limits:
     ``concurrency``: at most this many of the queue's tasks running at once, fleet-wide.
     ``key_concurrency``: at most this many running per key (see ``limit_key`` of a task).
     ``rate`` / ``key_rate``: at most N starts in any window of a period, for the queue / per key:
-    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``.
+    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``. Starts are spaced evenly (period / N apart, with
+    2% to spare for the handlers' start jitter); ``burst`` / ``key_burst`` let that many start
+    at once after a quiet spell (default 1: a window of one period then holds at most N starts;
+    with a burst B, at most N + B - 1).
     """
 
     concurrency: int | None = None
     key_concurrency: int | None = None
     rate: tuple[int, float] | None = None
     key_rate: tuple[int, float] | None = None
+    burst: int | None = None
+    key_burst: int | None = None
 
     @classmethod
     def of(
@@ -81,11 +88,20 @@ class Limits:
         key_concurrency: int | None = None,
         rate: str | tuple[int, float] | None = None,
         key_rate: str | tuple[int, float] | None = None,
+        burst: int | None = None,
+        key_burst: int | None = None,
     ) -> Limits:
         for name, value in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be a whole number of at least 0, not {value!r}")
-        made = cls(concurrency, key_concurrency, _rate(rate), _rate(key_rate))
+        for name, value, of in (("burst", burst, rate), ("key_burst", key_burst, key_rate)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100000
+            ):
+                raise ValueError(f"{name} must be a whole number from 1 to 100000, not {value!r}")
+            if value is not None and of is None:
+                raise ValueError(f"{name} goes with a {name.replace('burst', 'rate')}")
+        made = cls(concurrency, key_concurrency, _rate(rate), _rate(key_rate), burst, key_burst)
         if made.empty:
             raise ValueError("give at least one limit (concurrency, key_concurrency, rate, ...)")
         return made
@@ -103,6 +119,8 @@ class Limits:
             "rate_seconds": None if self.rate is None else self.rate[1],
             "key_rate": None if self.key_rate is None else self.key_rate[0],
             "key_rate_seconds": None if self.key_rate is None else self.key_rate[1],
+            "burst": self.burst,
+            "key_burst": self.key_burst,
         }
 
 
@@ -117,7 +135,7 @@ class QueueLimits:
     updated_at: datetime
     running: int  # claimed under the limit and running (leases not expired)
     waiting: int  # queued and due
-    recent_starts: int  # starts inside the queue's rate window (0 without a queue rate)
+    recent_starts: int  # starts in the queue's current rate period (0 without a queue rate)
     running_keys: int  # distinct keys among the running
 
 
@@ -164,14 +182,10 @@ def list_limits(
     found = []
     for r in rows:
         rate = None if r[3] is None else (r[3], r[4])
-        lim = Limits(r[1], r[2], rate, None if r[5] is None else (r[5], r[6]))
+        key_rate = None if r[5] is None else (r[5], r[6])
+        lim = Limits(r[1], r[2], rate, key_rate, r[14], r[15])
         found.append(QueueLimits(r[0], lim, r[7], r[8], r[9], r[10], r[11], r[12], r[13]))
     return found
-
-
-def limited_queues(conn: psycopg.Connection, schema: str, queues: list[str]) -> set[str]:
-    """Of ``queues``, those with limits (the worker asks once a second)."""
-    return {r[0] for r in execute(conn, queries(schema)["limited_queues"], {"queues": queues})}
 
 
 def declare(
@@ -215,13 +229,20 @@ def set_queue_limits(
     key_concurrency: int | None = None,
     rate: str | tuple[int, float] | None = None,
     key_rate: str | tuple[int, float] | None = None,
+    burst: int | None = None,
+    key_burst: int | None = None,
     by: str = "python",
     schema: str = "worker",
 ) -> bool:
     """Set ``queue``'s limits at run time, as an operator: every worker applies them within about
     a second, and code declarations no longer change them (until ``clear_queue_limits``)."""
     limits = Limits.of(
-        concurrency=concurrency, key_concurrency=key_concurrency, rate=rate, key_rate=key_rate
+        concurrency=concurrency,
+        key_concurrency=key_concurrency,
+        rate=rate,
+        key_rate=key_rate,
+        burst=burst,
+        key_burst=key_burst,
     )
     with borrow(target) as conn:
         return set_limits(conn, schema, queue, limits, by=by)

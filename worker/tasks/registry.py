@@ -170,14 +170,20 @@ class Registry:
         key_concurrency: int | None = None,
         rate: str | tuple[int, float] | None = None,
         key_rate: str | tuple[int, float] | None = None,
+        burst: int | None = None,
+        key_burst: int | None = None,
     ) -> Limits:
         """Declare ``queue``'s fleet-wide limits (see tasks.limits.Limits); a worker serving the
-        queue
-        records them when it starts, unless an operator has set the queue's limits."""
+        queue records them when it starts, unless an operator has set the queue's limits."""
         if not queue:
             raise ValueError("queue must not be empty")
         limits = Limits.of(
-            concurrency=concurrency, key_concurrency=key_concurrency, rate=rate, key_rate=key_rate
+            concurrency=concurrency,
+            key_concurrency=key_concurrency,
+            rate=rate,
+            key_rate=key_rate,
+            burst=burst,
+            key_burst=key_burst,
         )
         self.limits[queue] = limits
         return limits
