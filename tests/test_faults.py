@@ -226,7 +226,7 @@ def test_an_expired_owner_cannot_settle_the_row_of_its_successor(
     assert tr.complete(conn, q.schema, worker_id=a, done=[(task_id, 2)]) == {}  # B's attempt number
     failure = tr.Failure(task_id, 1, 0.0, "ValueError: late", permanent=True)
     assert tr.fail(conn, q.schema, worker_id=a, failures=[failure]) == {}
-    assert tr.release(conn, q.schema, worker_id=a, tasks=[(task_id, 1)]) == set()
+    assert tr.release(conn, q.schema, worker_id=a, tasks=[(task_id, 1)]) == {}
     beat = tr.heartbeat(conn, q.schema, worker_id=a, tasks=[(task_id, 1)], lease_seconds=3600)
     assert beat.lost == {(task_id, 1)} and beat.cancel == set()
     assert tr.complete(conn, q.schema, worker_id=b, done=[(task_id, 1)]) == {}  # stale attempt

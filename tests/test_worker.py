@@ -6,13 +6,16 @@ import asyncio
 import itertools
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import states, wait_until
 
 import worker
+from worker import store
 
 
 def _row(conn: psycopg.Connection, schema: str, task_id: int) -> dict[str, Any]:
@@ -333,31 +336,64 @@ def test_idle_worker_wakes_on_notify_not_on_poll(
         assert ran.wait(10), "idle worker did not wake up on NOTIFY"
 
 
-def test_stop_hands_back_unfinished_tasks_without_counting_the_attempt(
-    conn: psycopg.Connection, schema: str, thread_worker
+def test_an_in_process_stop_never_hands_back_a_task_whose_handler_still_runs(
+    conn: psycopg.Connection, schema: str, thread_worker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    started = threading.Event()
+    """A worker on a thread of this process, stopped with a 1 s grace while three handlers run:
+    one finishes in time (done); one checks ctx.cancelled, which turns true when the stop begins,
+    and stops (its task goes back to the queue, the attempt not counted); one ignores it and runs
+    on past the grace. That one is not handed back while its thread runs: its row keeps its
+    lease (another worker must not start it meanwhile), and the stop says so in one line."""
+    started = threading.Barrier(4)
+    saw_stop = threading.Event()
     reg = worker.Registry()
 
-    @reg.task("long")
-    def long(payload: dict) -> None:
-        started.set()
-        time.sleep(5)
+    @reg.task("stubborn")
+    def stubborn(payload: dict) -> None:
+        started.wait(10)
+        time.sleep(4)
+
+    @reg.task("polite")
+    def polite(payload: dict, ctx: worker.Context) -> None:
+        started.wait(10)
+        while not ctx.cancelled:
+            time.sleep(0.01)
+        saw_stop.set()
+        ctx.check()
 
     @reg.task("short")
     def short(payload: dict) -> None:
+        started.wait(10)
         time.sleep(0.2)
 
-    a = worker.enqueue(conn, "long", {}, schema=schema)
-    b = worker.enqueue(conn, "short", {}, schema=schema)
+    a = worker.enqueue(conn, "stubborn", {}, schema=schema)
+    b = worker.enqueue(conn, "polite", {}, schema=schema)
+    c = worker.enqueue(conn, "short", {}, schema=schema)
     tw = thread_worker(reg, grace_seconds=1.0)
-    with tw:
-        assert started.wait(10)
+    with caplog.at_level("WARNING", logger="worker"), tw:
+        started.wait(10)
+        time.sleep(0.3)  # the short one is done
+        began = time.monotonic()
         tw.stop()
-    assert _row(conn, schema, b)["state"] == "done"
-    row = _row(conn, schema, a)
-    assert row["state"] == "queued" and row["attempts"] == 0
-    assert states(conn, schema) == {"queued": 1, "done": 1}
+        assert time.monotonic() - began < 3.0
+    assert saw_stop.is_set()
+    assert _row(conn, schema, c)["state"] == "done"
+    polite_row = _row(conn, schema, b)
+    assert (polite_row["state"], polite_row["attempts"]) == ("queued", 0)
+    stubborn_row = _row(conn, schema, a)
+    assert (stubborn_row["state"], stubborn_row["attempts"]) == ("in_progress", 1)
+    leased = conn.execute(
+        f"SELECT lease_expires_at > now() FROM {schema}.tasks WHERE id = %s", (a,)
+    ).fetchone()
+    assert leased == (True,)
+    # Another worker started now finds nothing to take until that lease lapses.
+    other = store.claim(
+        conn, schema, queues=["default"], limit=10, worker_id=str(uuid.uuid4()), lease_seconds=30
+    )
+    assert [r.id for r in other] == [b]  # the polite one, given back; not the one still running
+    assert tw.worker.left_running == [a]
+    said = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert len(said) == 1 and str(a) in said[0]
     workers = conn.execute(f"SELECT stopped_at IS NOT NULL FROM {schema}.workers").fetchall()
     assert workers == [(True,)]
 

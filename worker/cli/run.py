@@ -119,6 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         store_results=args.store_results,
         max_result_bytes=args.max_result_size,
         burst=args.burst,
+        exits_after_stop=True,  # this process ends with the worker
     )
     if args.child:
         _wait_for_database(dsn, args.schema)

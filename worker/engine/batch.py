@@ -173,8 +173,11 @@ class Batcher:
             if j.outcome and j.outcome.ok and j.outcome.result is not None
         ]
         failures = [
-            failure(j) for j in jobs if j.outcome and not j.outcome.ok and not j.outcome.handback
+            failure(j)
+            for j in jobs
+            if j.outcome and not j.outcome.ok and not j.outcome.handback and not j.outcome.released
         ]
+        released = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.released]
         handbacks = [
             (j.id, j.attempt, j.outcome.error or "")
             for j in jobs
@@ -208,6 +211,10 @@ class Batcher:
             back = store.hand_back(conn, self.q.schema, worker_id=self.worker_id, rows=handbacks)
             for task_id, state in back.items():
                 states[task_id] = "cancelled" if state == "cancelled" else "handed_back"
+        if released:
+            back = store.release(conn, self.q.schema, worker_id=self.worker_id, tasks=released)
+            for task_id, state in back.items():
+                states[task_id] = "cancelled" if state == "cancelled" else "released"
         return kept, states
 
     def claim(self, conn: psycopg.Connection, free: int, now: float) -> Claim | None:

@@ -56,7 +56,8 @@ class Outcome:
     permanent: bool = False
     duration: float = 0.0
     acked: bool = False  # transactional handlers complete their row themselves
-    handback: bool = False  # no handler here: the row goes back uncounted (tr.hand_back)
+    handback: bool = False  # no handler here: the row goes back uncounted (store.hand_back)
+    released: bool = False  # stopped by a graceful stop: back to the queue, uncounted
     runner: int = -1  # which runner thread produced it
     result: str | None = None  # the return value as JSON, for tasks that store it (tasks.results)
 
@@ -80,6 +81,8 @@ class Job:
     aio: tuple[Any, Any] | None = None
     # A rate limit's pace: the monotonic time before which its handler must not start (0: now).
     not_before: float = 0.0
+    started: bool = False  # a runner started its handler (set under the runners' start lock)
+    stop_requested: bool = False  # a graceful stop began: ctx.cancelled reads true
     # The row's id and attempt, copied from ``claimed``: read several times per task on the main
     # thread, where a property call each time showed in profiles.
     id: int = field(init=False)
@@ -271,7 +274,8 @@ class JobTable:
         return min(times) if times else None
 
     def to_hand_back(self) -> list[tuple[int, int]]:
-        """Rows a stop gives back: claimed or running; overdue ones keep their lease."""
+        """Rows a stop may give back: claimed or running (see engine.stopping); overdue ones keep
+        their lease."""
         return [
             (j.id, j.attempt)
             for j in self.jobs.values()

@@ -102,6 +102,8 @@ class Worker:
         self.first_claim: float | None = None
         self.last_ack: float | None = None
         self.done_count = 0
+        # Tasks still running when a stop ended, in a process that goes on (see engine.stopping).
+        self.left_running: list[int] = []
 
     def stores_result(self, definition: TaskDef) -> bool:
         return results.stores(definition, self.config.store_results)

@@ -126,6 +126,7 @@ def log_acknowledged(jobs: list[Job], kept: dict[int, str], states: dict[int, st
                 {
                     "failed": "failed for good",
                     "handed_back": "handed back",
+                    "released": "given back to the queue by the stop (its attempt not counted)",
                     "cancelled": "cancelled",
                 }.get(state, "will retry"),
                 outcome.error.splitlines()[0] if outcome.error else "",

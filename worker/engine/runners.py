@@ -81,6 +81,9 @@ class Executor:
         self._next = 0
         self._idle = 0  # runners waiting for work
         self._lock = threading.Lock()
+        # Taken to start a handler, and by a stop to decide which jobs never will: a job is
+        # either started or given back, never both.
+        self.start_lock = threading.Lock()
 
     def start(self) -> None:
         """Runners start with the first jobs (see submit)."""
@@ -150,7 +153,9 @@ class Executor:
                     return
                 if job.not_before:
                     _wait_for_start(job)  # a rate limit's pace (see engine.dispatch)
-                if job.lost:  # rescued before it started: another worker has it now
+                with self.start_lock:
+                    job.started = not job.lost and not job.cancel_requested
+                if job.lost:  # rescued, or given back by a stop, before it started
                     self._events.put(Outcome(job.token, ok=False, error="lost", runner=number))
                     continue
                 if job.cancel_requested:  # cancelled while it waited for a runner
@@ -221,7 +226,14 @@ class Executor:
                     # Encoded here, off the main thread; a value that cannot be stored fails
                     # the task at once (ResultError is a DoNotRetry).
                     outcome.result = encode_result(value, self._max_result_bytes)
-        except (DoNotRetry, Cancelled) as exc:
+        except Cancelled as exc:
+            outcome.ok, outcome.error = False, format_error(exc)
+            if job.stop_requested and not job.cancel_requested:
+                outcome.released = True  # stopped by a graceful stop: back, uncounted
+            else:
+                outcome.permanent = True
+            failure = exc
+        except DoNotRetry as exc:
             outcome.ok, outcome.permanent, outcome.error = False, True, format_error(exc)
             failure = exc
         except asyncio.CancelledError as exc:

@@ -33,6 +33,10 @@ class WorkerConfig:
     # to max_result_bytes of JSON each. Storing needs keep_done_seconds > 0.
     store_results: bool = False
     max_result_bytes: int = 64 * 1024
+    # The process ends with the worker (`worker run`): handlers still running at the end of a
+    # graceful stop end with it, so their rows go back at once. False in an application's own
+    # process, where their threads run on (see engine.stopping).
+    exits_after_stop: bool = False
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -1,11 +1,20 @@
-"""A graceful stop: what a worker does between being asked to stop and exiting.
+"""A graceful stop: what a worker does between being asked to stop and exiting. One state
+machine, whether the worker owns its process (``worker run``) or runs on a thread of an
+application (``BackgroundWorker``):
 
-It claims nothing more, acknowledges each finished job as it comes (within the usual batching
-delay, not at the end), and keeps the leases of the running ones renewed (the lease keeper runs
-on) for up to the grace period. Then it hands back what has not finished, without counting the
-attempt, leaves handlers past their timeout leased (their threads still run: the lease lapses
-when the process is gone, and a rescue records the attempt), and marks the worker stopped. A
-stop with ``now`` skips the wait.
+1. It claims nothing more, and tells every running handler: ``ctx.cancelled`` turns true (a
+   handler that stops then, raising ``ctx.check()``'s ``Cancelled``, gives its task back to the
+   queue, its attempt not counted).
+2. For up to the grace period it acknowledges each finished job as it comes (within the usual
+   batching delay, not at the end) while the lease keeper renews the leases of the others.
+3. Then it gives back the jobs whose handlers never started, without counting their attempt (a
+   runner can no longer start them: the runners' start lock decides). A handler still running is
+   given back only when its thread ends with the process (``exits_after_stop``: ``worker run``).
+   In an application's process the thread runs on, so its row keeps its lease, which lapses
+   after the worker is gone; a rescue then puts it back (counting the attempt) and says so, as
+   for a hung worker. It is never handed back while it runs. Handlers past their timeout keep
+   their lease in both cases.
+A stop with ``now`` skips the wait.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ def shutdown(w: Worker) -> None:
     cfg = w.config
     now_only = w.stop_now.is_set()
     deadline = time.monotonic() + (0 if now_only else cfg.grace_seconds)
+    for job in w.table.jobs.values():
+        job.stop_requested = True  # ctx.cancelled: the handler may stop and give its task back
     if w.table.unfinished():
         log.info(
             "stopping: waiting up to %.0fs for %d task(s)",
@@ -62,12 +73,35 @@ def shutdown(w: Worker) -> None:
 
 
 def hand_back(w: Worker) -> None:
-    """Release unstarted and running jobs; leave overdue ones leased (their threads still run:
-    the lease lapses when this process is gone, and a rescue records the attempt)."""
-    back = w.table.to_hand_back()
-    for job in w.table.jobs.values():
-        if (job.id, job.attempt) in back:
-            job.lost = True  # a runner that frees up must not start it: it is going back
+    """Give back the jobs no runner started (and, when the process exits with the stop, the
+    running ones); leave the others leased. See the module's docstring."""
+    back: list[tuple[int, int]] = []
+    running: list[int] = []
+    unfinished = set(w.table.to_hand_back())  # claimed or running; overdue ones stay leased
+    with w.executor.start_lock:  # a job is either started or given back, never both
+        for job in w.table.jobs.values():
+            if (job.id, job.attempt) not in unfinished:
+                continue
+            if not job.started or w.config.exits_after_stop:
+                # Never started (a runner that frees up must not start it now), or its thread
+                # ends with the process.
+                job.lost = True
+                back.append((job.id, job.attempt))
+            else:
+                running.append(job.id)
+    if running:
+        shown = ", ".join(str(i) for i in sorted(running)[:20])
+        more = ", ..." if len(running) > 20 else ""
+        log.warning(
+            "stopping with %d task(s) still running (%s%s): their handlers go on in this "
+            "process, and their rows keep their leases until they lapse (within %gs); then "
+            "a rescue puts them back, and another worker may run them again",
+            len(running),
+            shown,
+            more,
+            w.config.lease_seconds,
+        )
+        w.left_running = sorted(running)
     settled = False
     for attempt in range(5):
         try:

@@ -119,17 +119,19 @@ def hand_back(
 
 def release(
     conn: psycopg.Connection, schema: str, *, worker_id: str, tasks: Sequence[tuple[int, int]]
-) -> set[int]:
-    """in_progress -> queued, attempt not counted: for tasks a stopping worker gives back."""
+) -> dict[int, str]:
+    """in_progress -> queued, attempt not counted: for tasks a stopping worker gives back
+    (cancelled for rows with a cancel request). Returns {id: new state} for the rows still
+    ours."""
     if not tasks:
-        return set()
+        return {}
     ids, attempts = zip(*tasks, strict=True)
     rows = conn.execute(
         statements(schema)["release"],
         {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id},
         **PLAN_EACH,
     ).fetchall()
-    return {r[0] for r in rows}
+    return {r[0]: r[1] for r in rows}
 
 
 @dataclass(slots=True)

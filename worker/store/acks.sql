@@ -172,7 +172,9 @@ WITH acked AS (
 SELECT id, state FROM acked;
 
 -- name: release
--- Graceful stop: hand back tasks that did not finish within the grace period. The interrupted
+-- Graceful stop: hand back tasks that did not start, or whose handlers stopped at the stop's
+-- request, or (when the process exits with the stop) that did not finish within the grace
+-- period. The interrupted
 -- attempt is not counted, so a deploy does not use up a task's retries. A row with a cancel
 -- request is not handed back: it ends 'cancelled' (its attempt counted, as it ran).
 WITH acked AS (
@@ -190,13 +192,13 @@ WITH acked AS (
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-    RETURNING t.id, t.limit_held
+    RETURNING t.id, t.state::text AS state, t.limit_held
 ), freed AS (
     -- Their permits (limit_held: claimed under a concurrency limit) are free again.
     UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
      WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
 )
-SELECT id FROM acked;
+SELECT id, state FROM acked;
 
 -- name: heartbeat
 -- One statement per heartbeat, whatever the number of tasks in flight: renew the leases of this

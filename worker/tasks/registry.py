@@ -22,9 +22,11 @@ DEFAULT_BACKOFF = 2.0
 
 
 class CancelSignal(Protocol):
-    """Whatever tells a context that its task was asked to stop (the worker's job)."""
+    """Whatever tells a context that its task was asked to stop (the worker's job): someone
+    cancelled the task, or the worker is stopping."""
 
     cancel_requested: bool
+    stop_requested: bool
 
 
 @dataclass
@@ -36,9 +38,12 @@ class Context:
     the completion commit together or not at all.
 
     ``cancelled`` turns true when someone asks to cancel the task while it runs (``worker
-    cancel``, ``worker.cancel()``, ``SELECT worker.cancel_task(...)``, the console); ``check()``
-    then raises ``worker.Cancelled``. A sync handler that runs for long should call ``check()``
-    between steps; an ``async`` one is cancelled by the worker itself.
+    cancel``, ``worker.cancel()``, ``SELECT worker.cancel_task(...)``, the console), and when
+    the worker begins a graceful stop; ``check()`` then raises ``worker.Cancelled``. A sync
+    handler that runs for long should call ``check()`` between steps; an ``async`` one is
+    cancelled by the worker itself at a cancel request. A handler that stops this way during a
+    graceful stop gives its task back to the queue, its attempt not counted; at a cancel
+    request the task ends cancelled.
     """
 
     task_id: int
@@ -53,13 +58,19 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        """Whether someone asked to cancel this task (read from the worker, no database trip)."""
-        return self.cancel_signal is not None and self.cancel_signal.cancel_requested
+        """Whether someone asked to cancel this task, or its worker is stopping (read from the
+        worker, no database trip)."""
+        sig = self.cancel_signal
+        return sig is not None and (sig.cancel_requested or sig.stop_requested)
 
     def check(self) -> None:
-        """Raise ``worker.Cancelled`` if someone asked to cancel this task; else do nothing."""
-        if self.cancel_signal is not None and self.cancel_signal.cancel_requested:
+        """Raise ``worker.Cancelled`` if someone asked to cancel this task or its worker is
+        stopping; else do nothing."""
+        sig = self.cancel_signal
+        if sig is not None and sig.cancel_requested:
             raise Cancelled(f"task {self.task_id} was cancelled while it ran")
+        if sig is not None and sig.stop_requested:
+            raise Cancelled(f"task {self.task_id} was stopped: its worker is stopping")
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,7 @@ class Command(BaseCommand):
             keep_failed_seconds=options["keep_failed"],
             max_result_bytes=options["max_result_size"],
             burst=options["burst"],
+            exits_after_stop=True,  # this process ends with the worker
         )
         worker = Worker(config, DjangoRegistry())
 
