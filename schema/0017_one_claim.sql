@@ -163,7 +163,7 @@ $$;
 SELECT {schema}.sync_limit_permits(l.queue) FROM {schema}.queue_limits AS l;
 
 -- The rows a claim of one limited queue may take, with the permit each holds and the moment
--- each may start (NULL: now). Taken in claim order (priority, run_at, id), within:
+-- each may start under a rate's pace (NULL: no rate). Taken in claim order (priority, run_at, id), within:
 --   * the queue's free permits (FOR UPDATE SKIP LOCKED: permits another claim is taking are
 --     left to it); when the free ones run short, permits whose holder no longer runs;
 --   * per key: the key's free permits, made for a key the first time it is met (a short wait
@@ -189,7 +189,8 @@ AS $$
 #variable_conflict use_variable
 DECLARE
     lim      {schema}.queue_limits;
-    t0       timestamptz := now();
+    -- The database clock now (not the transaction's start): the pace is counted from it.
+    t0       timestamptz := clock_timestamp();
     room     integer := want;
     permits  integer[] := '{}';
     keyed    boolean;
@@ -279,7 +280,7 @@ BEGIN
                 tat := greatest(tat, s) + gap;
             END IF;
             ids := ids || cand.id;
-            start_at := start_at || CASE WHEN s > t0 THEN s END;
+            start_at := start_at || s;
         END LOOP;
     ELSIF room > 0 THEN
         -- Per key: the first rows of each key (one probe of tasks_limit_key_idx per key with
@@ -372,7 +373,7 @@ BEGIN
                 tat := greatest(tat, s) + gap;
             END IF;
             ids := ids || cand.id;
-            start_at := start_at || CASE WHEN s > t0 THEN s END;
+            start_at := start_at || s;
             rowkeys := rowkeys || coalesce(cand.k, '');
             rowslots := rowslots || kslot;
         END LOOP;
@@ -504,7 +505,8 @@ $$;
 
 -- The limited part of one claim: the limited queues among those asked (paused ones left out),
 -- in name order (the order every worker takes their permits in), each given what room is left of
--- `want`. Rows with an id: taken (start_at NULL: now). Rows without: a queue a limit held back
+-- `want`. Rows with an id: taken (start_at: the moment a rate's pace lets it start; NULL: no
+-- rate). Rows without: a queue a limit held back
 -- (`held`: a concurrency limit; `wait_seconds`: when a rate allows the next start).
 CREATE FUNCTION {schema}.claim_limited_batch(
     queues text[], want integer, lookahead double precision DEFAULT 0.5

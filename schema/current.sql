@@ -558,7 +558,8 @@ CREATE FUNCTION worker.claim_limited_rows(q text, want integer, lookahead double
 #variable_conflict use_variable
 DECLARE
     lim      "worker".queue_limits;
-    t0       timestamptz := now();
+    -- The database clock now (not the transaction's start): the pace is counted from it.
+    t0       timestamptz := clock_timestamp();
     room     integer := want;
     permits  integer[] := '{}';
     keyed    boolean;
@@ -648,7 +649,7 @@ BEGIN
                 tat := greatest(tat, s) + gap;
             END IF;
             ids := ids || cand.id;
-            start_at := start_at || CASE WHEN s > t0 THEN s END;
+            start_at := start_at || s;
         END LOOP;
     ELSIF room > 0 THEN
         -- Per key: the first rows of each key (one probe of tasks_limit_key_idx per key with
@@ -741,7 +742,7 @@ BEGIN
                 tat := greatest(tat, s) + gap;
             END IF;
             ids := ids || cand.id;
-            start_at := start_at || CASE WHEN s > t0 THEN s END;
+            start_at := start_at || s;
             rowkeys := rowkeys || coalesce(cand.k, '');
             rowslots := rowslots || kslot;
         END LOOP;

@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -320,3 +321,26 @@ def test_the_management_command_refuses_bad_options(site: str) -> None:
     assert str(info.value) == (
         "schema 'no_such_schema' has no worker tables in this database: run `worker migrate` first"
     )
+
+
+def test_a_failing_task_inserted_by_plain_sql_fails_after_its_attempts(
+    pg_dsn: str, site: str, tasks: Any, django_worker: ThreadWorker
+) -> None:
+    """A Django task written by a SQL producer leaves max_attempts to the handler (NULL). The
+    worker's registry loads Django tasks on demand, so the claim does not know the handler yet:
+    its first failure takes the handler's max_attempts (1, a Django task's) and the row fails
+    for good instead of being retried forever."""
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        row_ = c.execute(
+            f"INSERT INTO {site}.tasks (task, payload) VALUES"
+            " ('django_site.tasks.explode', %s) RETURNING id",
+            (Jsonb({"args": ["by sql"], "kwargs": {}}),),
+        ).fetchone()
+    assert row_ is not None
+    task_id = str(row_[0])
+    wait_until(lambda: (row(pg_dsn, site, task_id) or {}).get("state") == "failed", timeout=20)
+    time.sleep(1.0)  # a retry, were there one, would be due within this
+    got = row(pg_dsn, site, task_id)
+    assert got is not None
+    assert (got["state"], got["attempts"], got["max_attempts"]) == ("failed", 1, 1)
+    assert "ValueError: by sql" in got["last_error"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import json
 import json.scanner
+import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -79,8 +80,10 @@ class Job:
     # (loop, asyncio task) of an async handler while it runs, so the main thread can cancel it
     # (set and cleared by its runner).
     aio: tuple[Any, Any] | None = None
-    # A rate limit's pace: the monotonic time before which its handler must not start (0: now).
+    # A rate limit's pace: the monotonic times before which its handler must not start (0: now)
+    # and after which it must not start any more (see store.Claimed.not_after).
     not_before: float = 0.0
+    not_after: float = math.inf
     started: bool = False  # a runner started its handler (set under the runners' start lock)
     stop_requested: bool = False  # a graceful stop began: ctx.cancelled reads true
     # The row's id and attempt, copied from ``claimed``: read several times per task on the main

@@ -422,8 +422,7 @@ class Worker:
                 continue
             if definition.name not in self.batcher.max_attempts:
                 self.batcher.learn(definition)
-            if c.start_at is not None:  # a rate limit's pace: start then, by our clock
-                job.not_before = now + (c.start_at - c.claimed_at).total_seconds()
+            job.not_before, job.not_after = c.not_before, c.not_after  # a rate's pace
             job.payload, error = dispatch.payload_of(c, definition)
             if error is not None:
                 job.state = State.RUNNING

@@ -152,7 +152,15 @@ class Executor:
                 if job is None:
                     return
                 if job.not_before:
-                    _wait_for_start(job)  # a rate limit's pace (see engine.dispatch)
+                    _wait_for_start(job)  # a rate limit's pace (see store.Claimed)
+                    if time.monotonic() > job.not_after and not job.lost:
+                        # Too late for its place in the pace: started now, it could crowd a
+                        # window with the next starts. It goes back, uncounted, for a later one.
+                        error = "MissedStart: the worker was too busy to start it on time"
+                        self._events.put(
+                            Outcome(job.token, ok=False, error=error, released=True, runner=number)
+                        )
+                        continue
                 with self.start_lock:
                     job.started = not job.lost and not job.cancel_requested
                 if job.lost:  # rescued, or given back by a stop, before it started

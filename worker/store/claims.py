@@ -7,6 +7,8 @@ Every statement is in ``claims.sql`` beside this module, in the order a claim ru
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -48,9 +50,15 @@ class Claimed:
     xid: str = ""  # the claiming transaction's id (see monitor.metrics.journal)
     # The producer's trace context as JSON text, or None (schema/0013; read by worker.contrib.otel)
     trace_context: str | None = None
-    # A rate limit's pace: the moment, by the database clock, the handler may start (None: now).
-    start_at: datetime | None = None
+    # A rate limit's pace: seconds from when the claim was read until the handler may start, by
+    # the database clock (None: now); the claim turns it into ``not_before``.
+    start_in: float | None = None
+    slack: float | None = None  # how late after its start it may still start (see not_before)
     limited: bool = False  # claimed under a queue's limits (it holds a permit, if any)
+    not_before: float = 0.0  # the monotonic time its handler may start (0: now)
+    # The monotonic time after which it must not start any more: a start later than this could
+    # crowd a window with the next starts of the pace (inf: no pace).
+    not_after: float = math.inf
 
 
 class ClaimCursor:
@@ -206,12 +214,17 @@ def claim_all(
             "lookahead": LOOKAHEAD,
         },
     ).fetchall()
-    taken = Taken([Claimed(*row[:14]) for row in rows if row[0] is not None])
+    read = time.monotonic()
+    taken = Taken([Claimed(*row[:15]) for row in rows if row[0] is not None])
+    for c in taken.rows:
+        if c.start_in is not None:
+            c.not_before = read + c.start_in
+            c.not_after = c.not_before + (c.slack or 0.0)
     for row in rows:
         if row[0] is None:  # a limited queue held back: (..., queue, ..., wait_seconds, held)
-            if row[14] is not None:
-                taken.waits[row[5]] = min(float(row[14]), taken.waits.get(row[5], 1e9))
-            if row[15]:
+            if row[15] is not None:
+                taken.waits[row[5]] = min(float(row[15]), taken.waits.get(row[5], 1e9))
+            if row[16]:
                 taken.held.add(row[5])
     # UPDATE ... RETURNING does not keep the CTE's order; the cursor and the dispatch need it.
     order = {name: i for i, name in enumerate(queues)}

@@ -81,8 +81,8 @@ RETURNING id;
 -- A row that commits further behind than the floor is found by `behind` (run by the
 -- maintenance thread), which sends this worker back to the start of that queue.
 --
--- Rows come back with `start_at` (a rate limit's pace: the moment the handler may start; NULL:
--- now) and `limited`; a queue a limit held back comes back as a row without an id, with
+-- Rows come back with `start_in` (a rate limit's pace: seconds until the handler may start;
+-- NULL: no pace) and `slack` (how late it may start), and `limited`; a queue a limit held back comes back as a row without an id, with
 -- `wait_seconds` (when a rate allows the next start) or `held` (a concurrency limit is full).
 WITH asked AS (
     SELECT q.name, q.neg_priority, q.run_at, q.id,
@@ -168,17 +168,27 @@ WITH asked AS (
               -- The producer's trace context (schema/0013): NULL unless a traced producer wrote
               -- it, as text for the same reason as the payload.
               t.trace_context::text AS trace_context,
-              CASE WHEN t.started_at > now() THEN t.started_at END AS start_at,
+              -- A paced start in seconds from now by the database clock (the worker counts
+              -- them from when it reads this row, by its own clock), and how late it may start:
+              -- 2% of the shortest period of the queue's rates, the headroom the pace leaves.
+              CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
+                        AND EXISTS (SELECT 1 FROM limited AS l
+                                     WHERE l.id = t.id AND l.start_at IS NOT NULL)
+                   THEN extract(epoch FROM t.started_at - clock_timestamp())::float8
+              END AS start_in,
               t.limit_held
 )
 SELECT m.id, m.task, m.payload, m.attempts, m.max_attempts, m.queue, m.priority, m.run_at,
-       m.created_at, m.claimed_at, m.xid, m.trace_context, m.start_at,
+       m.created_at, m.claimed_at, m.xid, m.trace_context, m.start_in,
+       CASE WHEN m.start_in IS NOT NULL
+            THEN (SELECT 0.02 * least(ql.rate_seconds, ql.key_rate_seconds)
+                    FROM {schema}.queue_limits AS ql WHERE ql.queue = m.queue) END AS slack,
        coalesce(m.limit_held, false) AS limited, NULL::double precision AS wait_seconds,
        NULL::boolean AS held
   FROM moved AS m
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, l.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true,
-       l.wait_seconds, l.held
+SELECT NULL, NULL, NULL, NULL, NULL, l.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       true, l.wait_seconds, l.held
   FROM limited AS l
  WHERE l.id IS NULL;
 
