@@ -232,6 +232,9 @@ def test_run_takes_the_token_only_from_a_file_or_the_environment(tmp_path: Path)
         ((*port, "--console-token-file", str(tmp_path / "nope")), {}, "cannot read"),
         ((*port, "--console-token-file", str(short)), {}, "--console-token-file is too short"),
         (port, {"WORKER_CONSOLE_TOKEN": "tooshort123"}, "WORKER_CONSOLE_TOKEN is too short"),
+        (port, {"WORKER_CONSOLE_TOKEN": "x" * 70_000}, "WORKER_CONSOLE_TOKEN must be one line"),
+        (port, {"WORKER_CONSOLE_TOKEN_FD": "99"}, "cannot read the console token"),
+        (port, {"WORKER_CONSOLE_TOKEN_FD": "1"}, "cannot read the console token"),
     ]
     for args, env, message in cases:
         r = run_cli("run", "tasks_module", *args, env=env)
