@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import tracemalloc
 import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,6 +28,7 @@ from test_monitor_hostile import assert_secure, headers_of, raw_request
 
 from worker.coord import pause as _pause
 from worker.monitor.console import data as console_data
+from worker.monitor.console import throttle
 from worker.monitor.console.data import ConsoleData
 from worker.monitor.console.filter import STATES, Filter, walk_params
 from worker.monitor.server import MetricsServer, serve
@@ -543,3 +545,114 @@ def test_the_task_page_shows_each_attempts_error_escaped_and_bounded(
     conn.execute(f"UPDATE {schema}.tasks SET errors = '\"oops\"' WHERE id = %s", (row[0],))
     status, _, page = request(armed, "GET", f"/console/jobs/{row[0]}")
     assert status == 200 and "No attempt has failed." in page
+
+
+# -- sign-in throttling ----------------------------------------------------------------------------
+
+
+def _login(server: MetricsServer, token: str, source: str = "127.0.0.1") -> tuple[int, dict]:
+    """A sign-in over HTTP from the loopback address ``source`` (any of 127.0.0.0/8)."""
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10, source_address=(source, 0))
+    c.request(
+        "POST",
+        "/console/login",
+        body=urllib.parse.urlencode({"token": token, "name": "ops"}),
+        headers={"Content-Type": "application/x-www-form-urlencoded", **origin(server)},
+    )
+    r = c.getresponse()
+    r.read()
+    got = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, got
+
+
+def test_sign_in_is_throttled_per_address_with_a_bounded_log(
+    armed: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2,000 wrong tokens from one address: the first failures are refused as wrong, then the
+    address is locked and every attempt is refused with 429 and Retry-After, the right token
+    too, until the lock ends; a few log lines say so, none per attempt. Another address signs
+    in meanwhile. (The throttle's clock is the test's, so the lock ends when the test says.)"""
+    caplog.set_level("DEBUG", logger="worker.console")
+    now = [1000.0]
+    armed.console.auth.throttle.clock = lambda: now[0]
+    statuses: dict[int, int] = {}
+    for _ in range(2000):
+        status, headers = _login(armed, "wrong-" + TOKEN)
+        statuses[status] = statuses.get(status, 0) + 1
+    assert statuses == {403: 4, 429: 1996}, statuses
+    status, headers = _login(armed, TOKEN)  # the right token, during the lock
+    assert status == 429 and "set-cookie" not in headers
+    assert headers["retry-after"] == "60" and headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert _login(armed, TOKEN, source="127.0.0.2")[0] == 303  # another address: unaffected
+    assert _login(armed, "wrong-" + TOKEN, source="127.0.0.3")[0] == 403
+    now[0] += 59
+    assert _login(armed, TOKEN)[0] == 429
+    now[0] += 1
+    status, headers = _login(armed, TOKEN)  # the lock is over
+    assert status == 303 and "worker_console=" in headers["set-cookie"]
+    lines = [r.getMessage() for r in caplog.records if "sign-in" in r.getMessage()]
+    assert len(lines) <= 5, lines
+    assert "console: failed sign-in from 127.0.0.1 (wrong token)" in lines
+    assert "console: 5 failed sign-ins from 127.0.0.1 in the last 1 s; locked for 60 s" in lines
+    assert "console: 1,997 sign-ins from 127.0.0.1 refused while it was locked (60 s)" in lines
+    assert not [m for m in lines if TOKEN in m]
+
+
+def test_the_throttle_backs_off_and_forgets() -> None:
+    now = [0.0]
+    t = throttle.SignInThrottle(clock=lambda: now[0])
+    # Four failures a minute apart never lock; five within a minute do.
+    for _ in range(4):
+        assert t.failed("a") == 0
+        now[0] += 61
+    assert [t.failed("b") for _ in range(5)] == [0, 0, 0, 0, 60]
+    # Each failure after a lock locks again, for twice as long, up to the cap.
+    locks = []
+    for _ in range(6):
+        now[0] += t.locked("b") + 0.001
+        assert t.locked("b") == 0
+        locks.append(t.failed("b"))
+    assert locks == [120, 240, 480, 900, 900, 900]
+    # A quiet hour, or a successful sign-in, starts the address afresh.
+    now[0] += 900 + throttle.FORGET_AFTER + 1
+    assert t.locked("b") == 0 and t.failed("b") == 0
+    t.succeeded("b")
+    assert len([a for a in ("a", "b") if a in t._addresses]) == 1
+
+
+def test_the_throttle_stays_bounded_whatever_addresses_come(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """50,000 addresses, each failing five times: at most MAX_ADDRESSES are remembered, the
+    memory stops growing once the table is full, and the log holds a minute's allowance of
+    lines and one that says how many were left out."""
+    caplog.set_level("DEBUG", logger="worker.console")
+    now = [0.0]
+    t = throttle.SignInThrottle(clock=lambda: now[0])
+
+    def attack(first: int, last: int) -> None:
+        for i in range(first, last):
+            address = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+            for _ in range(5):
+                t.locked(address)
+                t.failed(address)
+            now[0] += 0.0001
+
+    tracemalloc.start()
+    try:
+        attack(0, 2 * throttle.MAX_ADDRESSES)  # the table full, and turned over once
+        full = tracemalloc.get_traced_memory()[0]
+        attack(2 * throttle.MAX_ADDRESSES, 50_000)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(t) == throttle.MAX_ADDRESSES and len(t._ends) <= throttle.MAX_ADDRESSES
+    # Kept, each of 30,000 more addresses would cost hundreds of bytes; bounded, nothing.
+    assert after - full < 30_000 * 5, (full, after)
+    assert t.locked("10.0.195.79") > 0  # the latest address is still locked
+    assert len(caplog.records) == throttle.LOG_LINES
+    now[0] += 61
+    t.failed("192.0.2.1")
+    assert "more such lines left out in the last minute" in caplog.records[-1].getMessage()

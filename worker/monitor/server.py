@@ -24,10 +24,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigError
 from ..tasks.registry import registry
-from .console.app import HEADERS as CONSOLE_HEADERS
 from .console.app import Console
 from .console.auth import ConsoleAuth
 from .console.data import ConsoleData
+from .console.responses import HEADERS as CONSOLE_HEADERS
 from .httpd import SECURITY_HEADERS, BoundedServer, response
 from .metrics.collector import build_registry, child_exited, prepare_multiprocess_dir
 from .metrics.instruments import (
