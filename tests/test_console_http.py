@@ -237,6 +237,8 @@ def test_run_takes_the_token_only_from_a_file_or_the_environment(tmp_path: Path)
         (port, {"WORKER_CONSOLE_TOKEN": "x" * 70_000}, "WORKER_CONSOLE_TOKEN must be one line"),
         (port, {"WORKER_CONSOLE_TOKEN_FD": "99"}, "cannot read the console token"),
         (port, {"WORKER_CONSOLE_TOKEN_FD": "1"}, "cannot read the console token"),
+        ((*port, "--console-host", "evil.example/x"), {}, "--console-host: 'evil.example/x' is"),
+        (port, {"WORKER_CONSOLE_HOSTS": "a.example, b c"}, "WORKER_CONSOLE_HOSTS: 'b c' is not"),
     ]
     for args, env, message in cases:
         r = run_cli("run", "tasks_module", *args, env=env)
@@ -264,6 +266,7 @@ def test_a_supervisor_serves_an_armed_console_and_hides_the_token(
         str(port),
         "--console-token-file",
         str(token_file),
+        env={"WORKER_CONSOLE_HOSTS": "ops.example,ops.example:8443"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -278,6 +281,11 @@ def test_a_supervisor_serves_an_armed_console_and_hides_the_token(
                 return False
 
         wait_until(login_form, timeout=30, interval=0.2)
+        for host, want in (("ops.example", 200), (f"localhost:{port}", 200), ("x.example", 421)):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/console/", headers={"Host": host})
+            assert c.getresponse().status == want, host
+            c.close()
         children = wait_until(
             lambda: _children(proc.pid) if len(_children(proc.pid)) == 2 else [], timeout=30
         )

@@ -25,6 +25,7 @@ from ..engine.supervisor import (
     die_with_parent,
     without_options,
 )
+from ..monitor.hosts import split_host
 from ..monitor.metrics.counters import worker_hooks
 from ..monitor.server import serve
 from ..tasks.registry import DEFAULT_QUEUE, registry
@@ -47,6 +48,8 @@ LISTEN_ENV = "WORKER_LISTEN_DSN"
 # a variable of our own, so that the handlers' WORKER_DSN (which an application may read for
 # its own connections) is left as the user set it.
 RUN_DSN_ENV = "WORKER_RUN_DSN"
+# Same as --console-host, names separated by commas.
+CONSOLE_HOSTS_ENV = "WORKER_CONSOLE_HOSTS"
 # Same as --otel (children of a supervisor get the flag with their command line anyway).
 OTEL_ENV = "WORKER_OTEL"
 
@@ -58,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Read once and out of the environment: handlers (and their subprocesses) do not see it.
     args.dsn = args.dsn or os.environ.pop(RUN_DSN_ENV, None)
     args.console_token = _console_token(args)
+    args.console_hosts = _console_hosts(args)
     import_tasks(args.module)
     if args.otel or _env_flag(OTEL_ENV):
         _instrument()  # after the import: the tasks module may set up its tracer provider
@@ -313,4 +317,17 @@ def _start_metrics(args: argparse.Namespace, dsn: str) -> Any:
         schema=args.schema,
         multiprocess=supervised,
         console_token=getattr(args, "console_token", None),
+        console_hosts=getattr(args, "console_hosts", ()),
     )
+
+
+def _console_hosts(args: argparse.Namespace) -> list[str]:
+    """--console-host, else WORKER_CONSOLE_HOSTS (either: names separated by commas), checked."""
+    given = getattr(args, "console_host", None)
+    source = "--console-host" if given else CONSOLE_HOSTS_ENV
+    texts = given or [os.environ.get(CONSOLE_HOSTS_ENV, "")]
+    names = [n.strip() for text in texts for n in text.split(",") if n.strip()]
+    for name in names:
+        if split_host(name) is None:
+            raise CliError(f"{source}: {name[:100]!r} is not a host name (NAME or NAME:PORT)", 2)
+    return names
