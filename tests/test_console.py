@@ -441,3 +441,23 @@ def test_a_rebinding_page_reads_nothing_and_the_console_works_by_name(
     assert cell.inner_text() == "5"
     conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('mail.send', 'emails')")
     wait_until(lambda: cell.inner_text() == "6", timeout=15, interval=0.2)
+
+
+def test_a_payload_downloads_whole_from_its_page(
+    browser: Contexts,
+    readonly: MetricsServer,
+    schema: str,
+    conn: psycopg.Connection,
+    rows: dict[str, Any],
+) -> None:
+    page = browser.new_context(accept_downloads=True).new_page()
+    page.goto(readonly.url + f"console/jobs/{rows['failed']}")
+    assert "quarterly-needle" in page.inner_text("#payload")
+    with page.expect_download() as download:
+        page.click("#payload-download")
+    assert download.value.suggested_filename == f"task-{rows['failed']}-payload.json"
+    want = conn.execute(
+        f"SELECT payload::text FROM {schema}.tasks WHERE id = %s", (rows["failed"],)
+    ).fetchone()
+    assert want is not None
+    assert Path(download.value.path()).read_text() == want[0]

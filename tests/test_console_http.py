@@ -6,6 +6,7 @@ and the throughput is the database's count."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import signal
@@ -664,3 +665,120 @@ def test_the_throttle_stays_bounded_whatever_addresses_come(
     now[0] += 61
     t.failed("192.0.2.1")
     assert "more such lines left out in the last minute" in caplog.records[-1].getMessage()
+
+
+# -- oversized values ------------------------------------------------------------------------------
+
+
+FIRST_MD5 = "c4ca4238a0b923820dcc509a6f75849b"  # md5('1'), where the big payload starts
+
+
+def _medians(server: MetricsServer, *paths: str, n: int = 9) -> list[float]:
+    """The median time of ``n`` views of each path, the views taken in turns (so that a moment
+    of load on the machine weighs on each alike), after one view each to warm up."""
+    times: list[list[float]] = [[] for _ in paths]
+    for round in range(n + 1):
+        for i, path in enumerate(paths):
+            start = time.perf_counter()
+            status, _, _ = request(server, "GET", path)
+            if round:
+                times[i].append(time.perf_counter() - start)
+            assert status == 200, path
+    return [sorted(t)[n // 2] for t in times]
+
+
+def _download(server: MetricsServer, path: str) -> tuple[int, dict[str, str], bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("GET", path, headers={"Accept-Encoding": "gzip"})
+    r = c.getresponse()
+    body = r.read()
+    got = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, got, body
+
+
+def test_an_oversized_payload_is_cut_on_its_page_and_downloaded_whole(
+    armed: MetricsServer, schema: str, conn: psycopg.Connection
+) -> None:
+    """A 50 MB payload written by SQL: its page reads none of it, so it is no slower than the
+    page of a small payload (medians, at most 3 times), says how large it is as stored, and
+    links to a download that returns the payload's JSON byte for byte, as an attachment with
+    the console's headers. A 2 MB payload (small once compressed) shows its first 65,536
+    characters, its size, and the same link; a result is shown the same way."""
+    small, big, mid = (
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, payload) VALUES ('t', %s) RETURNING id", (p,)
+        ).fetchone()[0]  # type: ignore[index]
+        for p in ('{"to": "a@example.com"}', "{}", "{}")
+    )
+    conn.execute(
+        f"UPDATE {schema}.tasks SET payload = jsonb_build_object('rows', (SELECT"
+        " string_agg(md5(g::text), '') FROM generate_series(1, 1600000) AS g),"
+        " 'note', E'\u00e9t\u00e9 \"quoted\" \\n <b>') WHERE id = %s",
+        (big,),
+    )
+    conn.execute(
+        f"UPDATE {schema}.tasks SET payload = jsonb_build_object('blob', repeat('p', 2000000)),"
+        " state = 'done', finished_at = now(),"
+        " result = jsonb_build_object('r', repeat('r', 100000)) WHERE id = %s",
+        (mid,),
+    )
+    conn.execute(  # an error history of 4 MB that does not compress
+        f"UPDATE {schema}.tasks SET errors = (SELECT jsonb_agg(jsonb_build_object('attempt', g,"
+        " 'error', (SELECT string_agg(md5((g * 1000 + h)::text), '') FROM generate_series(1, 30)"
+        " AS h))) FROM generate_series(1, 4000) AS g) WHERE id = %s",
+        (big,),
+    )
+    size = conn.execute(
+        f"SELECT octet_length(payload::text) FROM {schema}.tasks WHERE id = %s", (big,)
+    ).fetchone()[0]  # type: ignore[index]
+    assert size > 50_000_000
+    baseline, took = _medians(armed, f"/console/jobs/{small}", f"/console/jobs/{big}")
+    assert took <= 3 * baseline, (took, baseline)
+    page = request(armed, "GET", f"/console/jobs/{big}")[2]
+    # The job browser lists it as fast, without its payload.
+    baseline, took = _medians(armed, "/console/jobs?state=done", "/console/jobs?state=queued")
+    assert took <= 3 * baseline, (took, baseline)
+    listing = request(armed, "GET", "/console/jobs?state=queued")[2]
+    assert f'data-task-id="{big}"' in listing and FIRST_MD5 not in listing
+    assert len(page) < 50_000 and FIRST_MD5 not in page
+    assert "Too large to show here:" in page and "as stored in the database" in page
+    assert f'href="/console/jobs/{big}/payload.json"' in page
+    assert "The error history is too large to show here" in page
+    assert f'href="/console/jobs/{big}/errors.json"' in page
+    status, _, body = _download(armed, f"/console/jobs/{big}/errors.json")
+    want = conn.execute(
+        f"SELECT convert_to(errors::text, 'UTF8') FROM {schema}.tasks WHERE id = %s", (big,)
+    ).fetchone()[0]  # type: ignore[index]
+    assert status == 200 and body == want and len(json.loads(body)) == 4000
+
+    status, headers, body = _download(armed, f"/console/jobs/{big}/payload.json")
+    want = conn.execute(
+        f"SELECT convert_to(payload::text, 'UTF8') FROM {schema}.tasks WHERE id = %s", (big,)
+    ).fetchone()[0]  # type: ignore[index]
+    assert status == 200 and body == want and len(body) > 50_000_000
+    json.loads(body)
+    assert headers["content-type"] == "application/json"
+    assert headers["content-disposition"] == f'attachment; filename="task-{big}-payload.json"'
+    assert headers["content-length"] == str(len(want))
+    assert headers["x-content-type-options"] == "nosniff" and headers["cache-control"] == "no-store"
+    assert "default-src 'none'" in headers["content-security-policy"]
+
+    status, _, page = request(armed, "GET", f"/console/jobs/{mid}")
+    assert status == 200 and "p" * 60_000 in page and "p" * 70_000 not in page
+    assert "Cut: the first 65,536 characters of 2.0 MB of JSON" in page
+    assert "r" * 60_000 in page and f'href="/console/jobs/{mid}/result.json"' in page
+    for what, column in (("payload", "payload"), ("result", "result")):
+        status, _, body = _download(armed, f"/console/jobs/{mid}/{what}.json")
+        want = conn.execute(
+            f"SELECT convert_to({column}::text, 'UTF8') FROM {schema}.tasks WHERE id = %s", (mid,)
+        ).fetchone()[0]  # type: ignore[index]
+        assert status == 200 and body == want
+    _, _, page = request(armed, "GET", f"/console/jobs/{small}")
+    assert "&quot;to&quot;: &quot;a@example.com&quot;" in page and "23 bytes of JSON" in page
+    assert "<h3>Result</h3>" not in page
+    for path in (f"/console/jobs/{small}/result.json", "/console/jobs/999999/payload.json"):
+        assert request(armed, "GET", path)[0] == 404
+    evil = {"Host": "evil.example"}
+    status, _, text = request(armed, "GET", f"/console/jobs/{big}/payload.json", headers=evil)
+    assert status == 421 and FIRST_MD5 not in text

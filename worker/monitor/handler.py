@@ -137,11 +137,14 @@ class Handler(BaseHTTPRequestHandler):
             ):
                 self.send_header(name, value)
             self.end_headers()
-            self.connection.sendall(self.wfile.getvalue())
-            self.wfile = io.BytesIO()  # sent: finish() has nothing more to send
-            # Each chunk within the socket's timeout: a client that stops reading is dropped.
-            while not head and (chunk := r.stream.read(CHUNK)):
-                self.connection.sendall(chunk)
+            try:
+                self.connection.sendall(self.wfile.getvalue())
+                # Each chunk within the socket's timeout: a client that stops reading is dropped.
+                while not head and (chunk := r.stream.read(CHUNK)):
+                    self.connection.sendall(chunk)
+            except OSError as exc:
+                log.debug("a download to %s stopped: %s", self.client_address, exc)
+            self.wfile = io.BytesIO()  # sent, or given up: finish() has nothing more to send
 
     def _host_ok(self, *, head: bool) -> bool:
         """Whether the request's Host names this server; if not, answered with 421."""

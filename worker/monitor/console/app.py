@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -28,7 +29,7 @@ from . import views as console_views
 from .auth import ConsoleAuth, Session, clear_cookie, csrf_ok, same_origin, set_cookie
 from .data import ConsoleData, first_line
 from .filter import parse_filter
-from .responses import HEADERS, Response, redirect, static_files
+from .responses import HEADERS, Response, attachment, redirect, static_files
 from .throttle import retry_after
 from .views import Frame
 
@@ -37,8 +38,11 @@ log = logging.getLogger("worker.console")
 T = TypeVar("T")
 
 MAX_FORM_FIELDS = 20
+RETRY = ("Retry-After", "5")
 _TASK_ACTION = re.compile(r"/console/jobs/([0-9]{1,19})/(retry|cancel|delete)")
 _TASK_PAGE = re.compile(r"/console/jobs/([0-9]{1,19})")
+_DOWNLOAD = re.compile(r"/console/jobs/([0-9]{1,19})/(payload|result|errors)\.json")
+DOWNLOADS = 2  # downloads read from the database or sent at the same time, at most
 
 
 def _first(form: Mapping[str, list[str]], key: str) -> str:
@@ -55,6 +59,7 @@ class Console:
         self.refresh = refresh
         self.schema = db.schema
         self._files = static_files()
+        self._downloads = threading.BoundedSemaphore(DOWNLOADS)
 
     def close(self) -> None:
         self.data.close()
@@ -114,6 +119,8 @@ class Console:
             return self._html(console_jobs.browser(frame, f, page, notes, cursor), status)
         if path == "/console/jobs/bulk":
             return self._bulk_page(params, frame)
+        if match := _DOWNLOAD.fullmatch(path):
+            return self._download(frame, int(match.group(1)), match.group(2))
         if match := _TASK_PAGE.fullmatch(path):
             task_id = int(match.group(1))
             task = self.data.task(task_id) if task_id < 2**63 else None
@@ -134,6 +141,26 @@ class Console:
             console_views.message(frame, "Not found", "No such console page."),
             HTTPStatus.NOT_FOUND,
         )
+
+    def _download(self, frame: Frame, task_id: int, what: str) -> Response:
+        """The whole payload, result or error history of a task, as a JSON file, read like its
+        page (no sign-in), sent as it is read (the server closes the file)."""
+        if not self._downloads.acquire(blocking=False):
+            text = "other downloads are being sent: try again in a moment"
+            page = console_views.message(frame, "Busy", text)
+            return Response(HTTPStatus.SERVICE_UNAVAILABLE, page.encode(), headers=[RETRY])
+        try:
+            found = self.data.download(task_id, what) if task_id < 2**63 else None
+        except BaseException:
+            self._downloads.release()
+            raise
+        if found is None:
+            self._downloads.release()
+            text = f"Task {task_id} has no {what} (or is gone)."
+            page = console_views.message(frame, "Not found", text)
+            return self._html(page, HTTPStatus.NOT_FOUND)
+        # The slot is free again once the file is sent and closed.
+        return attachment(f"task-{task_id}-{what}.json", found, self._downloads.release)
 
     def _bulk_page(self, params: Mapping[str, list[str]], frame: Frame) -> Response:
         action = _first(params, "action")

@@ -3,10 +3,11 @@ the server writes out (``stream``: a body read from a file as it is sent, for do
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from importlib import resources
-from typing import IO
+from typing import IO, Any
 
 # Scripts and styles only from the console's own files; forms post only to this server.
 CSP = (
@@ -23,6 +24,7 @@ HEADERS = (
     ("Referrer-Policy", "same-origin"),
 )
 HTML = "text/html; charset=utf-8"
+JSON = "application/json"
 STATIC = {
     "/console/static/console.css": ("console.css", "text/css; charset=utf-8"),
     "/console/static/console.js": ("console.js", "text/javascript; charset=utf-8"),
@@ -47,8 +49,43 @@ def static_files() -> dict[str, tuple[bytes, str]]:
     return {path: ((files / name).read_bytes(), kind) for path, (name, kind) in STATIC.items()}
 
 
+class _Releasing:
+    """A file whose ``close`` also calls ``release`` (once)."""
+
+    def __init__(self, file: IO[bytes], release: Callable[[], None]) -> None:
+        self._file = file
+        self._release: Callable[[], None] | None = release
+
+    def read(self, n: int = -1) -> bytes:
+        return self._file.read(n)
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+    def __enter__(self) -> _Releasing:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def attachment(name: str, body: IO[bytes], release: Callable[[], None]) -> Response:
+    """``body`` (a file positioned at its start) as a JSON file to save as ``name``; ``release``
+    is called once the server has sent it and closed it."""
+    length = body.seek(0, 2)
+    body.seek(0)
+    disposition = ("Content-Disposition", f'attachment; filename="{name}"')
+    stream: Any = _Releasing(body, release)
+    return Response(HTTPStatus.OK, b"", JSON, [disposition], stream=stream, length=length)
+
+
 def redirect(location: str, *headers: tuple[str, str]) -> Response:
     return Response(HTTPStatus.SEE_OTHER, b"", headers=[("Location", location), *headers])
 
 
-__all__ = ["CSP", "HEADERS", "HTML", "Response", "redirect", "static_files"]
+__all__ = ["CSP", "HEADERS", "HTML", "JSON", "Response", "attachment", "redirect", "static_files"]
