@@ -412,6 +412,25 @@ def test_the_console_token_is_in_no_process_environment(
     assert CONSOLE_TOKEN not in text and "Traceback" not in text
 
 
+def test_a_worker_without_a_console_drops_the_token_too(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """WORKER_CONSOLE_TOKEN set for a `worker run` that serves no console (set for every unit of
+    a machine, say): unused, and still out of reach of the handlers."""
+    conn.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('environ')")
+    r = run_cli(
+        *("run", "environ_module", "--schema", schema, "--processes", "1", "--burst"),
+        "--store-results",
+        *("--max-result-size", "1000000"),
+        env={"WORKER_CONSOLE_TOKEN": CONSOLE_TOKEN, "WORKER_DSN": pg_dsn},
+    )
+    assert r.returncode == 0, r.stderr
+    row = conn.execute(f"SELECT result::text FROM {schema}.tasks WHERE state = 'done'").fetchone()
+    assert row is not None and '"/proc/self/environ"' in row[0]
+    assert CONSOLE_TOKEN not in row[0] and "WORKER_CONSOLE_TOKEN" not in row[0]
+    assert CONSOLE_TOKEN not in r.stdout + r.stderr
+
+
 def test_the_demo_keeps_the_console_token_out_of_every_environment(
     pg_dsn: str, schema: str
 ) -> None:
