@@ -28,6 +28,7 @@ from test_metrics import free_port
 from worker.cli.text import SafeFormatter
 from worker.db import dsn as _config
 from worker.db.dsn import UNPARSEABLE, redact, remember_secret, scrub
+from worker.engine.supervisor import MAX_SECRET_BYTES, read_secret_pipe, secret_pipe
 
 PW = "S3cretPW"
 CLOSED = "127.0.0.1"  # port 1: nothing listens there
@@ -321,6 +322,25 @@ def test_the_benchmark_puts_no_password_on_its_workers_command_lines(pg_dsn: str
 # --- the console's token ------------------------------------------------------------------
 
 CONSOLE_TOKEN = "console-token-kept-in-memory-0123456789"
+
+
+@pytest.mark.parametrize("memory", [True, False], ids=["memfd", "pipe"])
+def test_a_secret_is_handed_over_once_by_file_descriptor(
+    memory: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not memory:
+        monkeypatch.delattr(os, "memfd_create", raising=False)
+    secret = "tok\u00e9n-" * 1000  # 7 kB as UTF-8 for a memory file; under 4 KiB for a pipe
+    secret = secret if memory else secret[:1000]
+    fd = secret_pipe(secret)
+    assert os.get_inheritable(fd)
+    assert read_secret_pipe(str(fd)) == secret
+    with pytest.raises(OSError):
+        os.fstat(fd)  # read once, then closed
+    with pytest.raises(ValueError):
+        secret_pipe("x" * (MAX_SECRET_BYTES + 1 if memory else 4097))
+    with pytest.raises(ValueError):
+        read_secret_pipe("2")
 
 
 def _traces(root: int) -> dict[int, str]:

@@ -308,8 +308,9 @@ def start_over(argv: list[str], moved: dict[str, str], *, serving: bool) -> None
     any process of the same user, a task's handler included, can read /proc/PID/environ and
     /proc/PID/cmdline, and the kernel keeps showing there what a process started with. The new
     process gets ``moved`` in its environment, and the token (when it serves the console) on an
-    inherited pipe named by WORKER_CONSOLE_TOKEN_FD, which it reads once and closes
-    (``console_token``). A token that cannot be used is refused here, in one line."""
+    inherited file descriptor (``secret_pipe``) named by WORKER_CONSOLE_TOKEN_FD, which it reads
+    once and closes (``console_token``). A token that cannot be used is refused here, in one
+    line."""
     token = os.environ.get(CONSOLE_TOKEN_ENV)
     if token is None and not moved:
         return
@@ -319,7 +320,14 @@ def start_over(argv: list[str], moved: dict[str, str], *, serving: bool) -> None
             token = checked_token(token, CONSOLE_TOKEN_ENV)
         except TokenError as exc:
             raise CliError(str(exc), 2) from None
-        env[CONSOLE_TOKEN_FD_ENV] = str(secret_pipe(token))
+        try:
+            env[CONSOLE_TOKEN_FD_ENV] = str(secret_pipe(token))
+        except ValueError:
+            raise CliError(
+                f"the console token from {CONSOLE_TOKEN_ENV} is too long to hand over: use "
+                "--console-token-file",
+                2,
+            ) from None
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -349,9 +357,9 @@ def console_token(path: str | None, *, serving: bool = True) -> str | None:
             handed = read_secret_pipe(fd)
         except (OSError, ValueError):
             raise CliError(
-                f"cannot read the console token from {CONSOLE_TOKEN_FD_ENV} (it names the pipe "
-                f"`worker` hands the token over on when it starts over; set {CONSOLE_TOKEN_ENV} "
-                "or use --console-token-file instead)",
+                f"cannot read the console token from {CONSOLE_TOKEN_FD_ENV} (it names the file "
+                f"descriptor `worker` hands the token over on when it starts over; set "
+                f"{CONSOLE_TOKEN_ENV} or use --console-token-file instead)",
                 2,
             ) from None
     try:

@@ -73,26 +73,26 @@ def child_environ(extra: dict[str, str]) -> dict[str, str]:
 
 
 def secret_pipe(value: str) -> int:
-    """The read end of a new pipe that holds ``value`` and nothing more (its write end is closed,
-    so a reader gets end of file after it), inheritable across exec: a process started with its
-    number reads the value once and closes it, and the value is never in any process's
-    environment or command line. At most MAX_SECRET_BYTES, which fit in a pipe's buffer: the
-    write never waits for a reader."""
+    """An inheritable file descriptor from which ``value``, and nothing more, can be read to its
+    end: a process started with its number reads the value once and closes it, and the value is
+    never in any process's environment or command line. An anonymous memory file on Linux (any
+    size, up to MAX_SECRET_BYTES); elsewhere a pipe, whose write end is closed once written,
+    for at most 4 KiB (what a pipe's buffer always takes, so the write never waits)."""
     data = value.encode()
-    if len(data) > MAX_SECRET_BYTES:
-        raise ValueError("a secret handed over by pipe is at most 64 KiB")
-    read_end, write_end = os.pipe()
+    if len(data) > (MAX_SECRET_BYTES if hasattr(os, "memfd_create") else 4096):
+        raise ValueError("too long to hand over to another process")
+    memory = hasattr(os, "memfd_create")
+    fd, write_end = (os.memfd_create("worker-secret", 0),) * 2 if memory else os.pipe()
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_end, view) :]
-    except BaseException:
-        os.close(read_end)
-        raise
+        while data:
+            data = data[os.write(write_end, data) :]
     finally:
-        os.close(write_end)
-    os.set_inheritable(read_end, True)
-    return read_end
+        if memory:
+            os.lseek(fd, 0, os.SEEK_SET)
+        else:
+            os.close(write_end)
+    os.set_inheritable(fd, True)
+    return fd
 
 
 def read_secret_pipe(fd_text: str) -> str:
