@@ -36,8 +36,7 @@ MISDIRECTED = (
     b"421 Misdirected Request: this server does not answer for that host name (its operator can "
     b"allow it with --console-host)\n"
 )
-MAX_LOGGED_HOSTS = 100  # refused host names logged (once each), at most
-_logged_hosts: set[str] = set()
+MAX_LOGGED_HOSTS = 100  # refused host names a server logs (once each), at most
 _logged_lock = threading.Lock()
 
 HEALTHZ = b"ok\n"
@@ -71,6 +70,7 @@ class Handler(BaseHTTPRequestHandler):
     registry: Any
     console: Console
     hosts: HostCheck
+    refused_hosts: set[str]  # the server's: host names refused and logged
 
     def setup(self) -> None:
         self.connection, head = self.request
@@ -148,14 +148,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def _host_ok(self, *, head: bool) -> bool:
         """Whether the request's Host names this server; if not, answered with 421."""
-        host = self.headers.get("Host")
+        given = self.headers.get_all("Host") or []
+        host = given[0] if len(given) == 1 else None  # none, or several: which would be meant?
         if self.hosts.allows(host):
             return True
-        shown = clip(host or "(none)", 100)
+        shown = clip(host or f"({len(given)} Host headers)", 100)
         with _logged_lock:
-            first = shown not in _logged_hosts and len(_logged_hosts) < MAX_LOGGED_HOSTS
+            logged = self.refused_hosts
+            first = shown not in logged and len(logged) < MAX_LOGGED_HOSTS
             if first:
-                _logged_hosts.add(shown)
+                logged.add(shown)
         if first:
             log.warning(
                 "refused a request for Host %s from %s: not a name of this server (allow it "

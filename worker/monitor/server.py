@@ -60,7 +60,11 @@ class WebServer:
             HostCheck(host, port, hosts, machine=(set(), set()))  # a bad name, before binding
         except HostError as exc:
             raise ConfigError(f"--console-host: {exc}") from None
-        handler = type("Handler", (Handler,), {"db": db, "registry": registry, "console": console})
+        handler = type(
+            "Handler",
+            (Handler,),
+            {"db": db, "registry": registry, "console": console, "refused_hosts": set()},
+        )
         try:
             self.httpd = BoundedServer((host, port), handler, inline=healthz, **limits)
         except OSError as exc:
