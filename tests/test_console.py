@@ -21,6 +21,7 @@ TOKEN = "console-token-for-the-tests-0123456789"
 XSS_TASK = "<img src=x onerror=\"document.title='pwned'\">"
 XSS_ERROR = "ValueError: <script>document.title='pwned'</script><b id=\"xss\">boom</b>"
 XSS_QUEUE = 'q<i id="xssq">'
+REBIND = "rebind.example"
 
 
 def _chromium() -> str | None:
@@ -42,7 +43,16 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def playwright_browser() -> Iterator[Browser]:
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        # REBIND resolves to this machine, as an attacker's name does once DNS-rebound; and the
+        # browser lets a page of another site reach a local address, as browsers without
+        # Chromium's local network checks (Firefox, Safari) do: the server must refuse by itself.
+        args = [
+            "--no-sandbox",
+            f"--host-resolver-rules=MAP {REBIND} 127.0.0.1",
+            "--disable-features=BlockInsecurePrivateNetworkRequests,"
+            "PrivateNetworkAccessSendPreflights,LocalNetworkAccessChecks",
+        ]
+        b = p.chromium.launch(executable_path=_chromium(), args=args)
         yield b
         b.close()
 
@@ -386,3 +396,68 @@ def test_with_javascript_off_the_pages_still_show(
     shot(page, tmp_path, "overview-no-js")
     page.goto(armed.url + "console/jobs?state=failed")
     assert page.locator("table.jobs tbody tr").count() == 1 + 1 + 7
+
+
+def test_a_rebinding_page_reads_nothing_and_the_console_works_by_name(
+    browser: Contexts,
+    armed: MetricsServer,
+    schema: str,
+    conn: psycopg.Connection,
+    rows: dict[str, Any],
+) -> None:
+    """A page of another site, whose name now resolves to this machine (DNS rebinding), fetches
+    the console from its own origin: every answer is 421, with no task in it. The same console
+    by localhost works as by its address: sign-in, an action, the live refresh."""
+    port = armed.port
+    context = browser.new_context()
+    attacker = context.new_page()
+    context.route(
+        f"http://{REBIND}:{port}/attack",
+        lambda route: route.fulfill(status=200, content_type="text/html", body="<p>hi</p>"),
+    )
+    attacker.goto(f"http://{REBIND}:{port}/attack")
+    for path in ("/console/jobs?state=failed", f"/console/jobs/{rows['failed']}", "/"):
+        got = attacker.evaluate(
+            "async (p) => { const r = await fetch(p); return [r.status, await r.text()]; }", path
+        )
+        assert got[0] == 421, (path, got)
+        assert "report.build" not in got[1] and "quarterly-needle" not in got[1]
+    assert attacker.goto(f"http://{REBIND}:{port}/console/").status == 421
+
+    page = context.new_page()
+    base = f"http://localhost:{port}/"
+    page.goto(base + "console/login")
+    page.fill("input[name=token]", TOKEN)
+    page.fill("input[name=name]", "carol")
+    page.click("form.signin button")
+    page.wait_for_url(base + "console/")
+    assert "signed in as carol" in page.inner_text("header")
+    page.goto(base + f"console/jobs/{rows['failed']}")
+    page.click("#actions button:text('Retry')")
+    assert f"task {rows['failed']} retried" in page.inner_text(".flash")
+    assert state(conn, schema, rows["failed"]) == "queued"
+    page.goto(base + "console/")
+    cell = page.locator('tr[data-queue="emails"] td[data-col="queued"]')
+    assert cell.inner_text() == "5"
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('mail.send', 'emails')")
+    wait_until(lambda: cell.inner_text() == "6", timeout=15, interval=0.2)
+
+
+def test_a_payload_downloads_whole_from_its_page(
+    browser: Contexts,
+    readonly: MetricsServer,
+    schema: str,
+    conn: psycopg.Connection,
+    rows: dict[str, Any],
+) -> None:
+    page = browser.new_context(accept_downloads=True).new_page()
+    page.goto(readonly.url + f"console/jobs/{rows['failed']}")
+    assert "quarterly-needle" in page.inner_text("#payload")
+    with page.expect_download() as download:
+        page.click("#payload-download")
+    assert download.value.suggested_filename == f"task-{rows['failed']}-payload.json"
+    want = conn.execute(
+        f"SELECT payload::text FROM {schema}.tasks WHERE id = %s", (rows["failed"],)
+    ).fetchone()
+    assert want is not None
+    assert Path(download.value.path()).read_text() == want[0]

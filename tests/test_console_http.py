@@ -6,12 +6,14 @@ and the throughput is the database's count."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import time
+import tracemalloc
 import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,6 +29,7 @@ from test_monitor_hostile import assert_secure, headers_of, raw_request
 
 from worker.coord import pause as _pause
 from worker.monitor.console import data as console_data
+from worker.monitor.console import throttle
 from worker.monitor.console.data import ConsoleData
 from worker.monitor.console.filter import STATES, Filter, walk_params
 from worker.monitor.server import MetricsServer, serve
@@ -232,6 +235,11 @@ def test_run_takes_the_token_only_from_a_file_or_the_environment(tmp_path: Path)
         ((*port, "--console-token-file", str(tmp_path / "nope")), {}, "cannot read"),
         ((*port, "--console-token-file", str(short)), {}, "--console-token-file is too short"),
         (port, {"WORKER_CONSOLE_TOKEN": "tooshort123"}, "WORKER_CONSOLE_TOKEN is too short"),
+        (port, {"WORKER_CONSOLE_TOKEN": "x" * 70_000}, "WORKER_CONSOLE_TOKEN must be one line"),
+        (port, {"WORKER_CONSOLE_TOKEN_FD": "99"}, "cannot read the console token"),
+        (port, {"WORKER_CONSOLE_TOKEN_FD": "1"}, "cannot read the console token"),
+        ((*port, "--console-host", "evil.example/x"), {}, "--console-host: 'evil.example/x' is"),
+        (port, {"WORKER_CONSOLE_HOSTS": "a.example, b c"}, "WORKER_CONSOLE_HOSTS: 'b c' is not"),
     ]
     for args, env, message in cases:
         r = run_cli("run", "tasks_module", *args, env=env)
@@ -259,6 +267,7 @@ def test_a_supervisor_serves_an_armed_console_and_hides_the_token(
         str(port),
         "--console-token-file",
         str(token_file),
+        env={"WORKER_CONSOLE_HOSTS": "ops.example,ops.example:8443"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -273,6 +282,11 @@ def test_a_supervisor_serves_an_armed_console_and_hides_the_token(
                 return False
 
         wait_until(login_form, timeout=30, interval=0.2)
+        for host, want in (("ops.example", 200), (f"localhost:{port}", 200), ("x.example", 421)):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/console/", headers={"Host": host})
+            assert c.getresponse().status == want, host
+            c.close()
         children = wait_until(
             lambda: _children(proc.pid) if len(_children(proc.pid)) == 2 else [], timeout=30
         )
@@ -540,3 +554,231 @@ def test_the_task_page_shows_each_attempts_error_escaped_and_bounded(
     conn.execute(f"UPDATE {schema}.tasks SET errors = '\"oops\"' WHERE id = %s", (row[0],))
     status, _, page = request(armed, "GET", f"/console/jobs/{row[0]}")
     assert status == 200 and "No attempt has failed." in page
+
+
+# -- sign-in throttling ----------------------------------------------------------------------------
+
+
+def _login(server: MetricsServer, token: str, source: str = "127.0.0.1") -> tuple[int, dict]:
+    """A sign-in over HTTP from the loopback address ``source`` (any of 127.0.0.0/8)."""
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10, source_address=(source, 0))
+    c.request(
+        "POST",
+        "/console/login",
+        body=urllib.parse.urlencode({"token": token, "name": "ops"}),
+        headers={"Content-Type": "application/x-www-form-urlencoded", **origin(server)},
+    )
+    r = c.getresponse()
+    r.read()
+    got = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, got
+
+
+def test_sign_in_is_throttled_per_address_with_a_bounded_log(
+    armed: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2,000 wrong tokens from one address: the first failures are refused as wrong, then the
+    address is locked and every attempt is refused with 429 and Retry-After, the right token
+    too, until the lock ends; a few log lines say so, none per attempt. Another address signs
+    in meanwhile. (The throttle's clock is the test's, so the lock ends when the test says.)"""
+    caplog.set_level("DEBUG", logger="worker.console")
+    now = [1000.0]
+    armed.console.auth.throttle.clock = lambda: now[0]
+    statuses: dict[int, int] = {}
+    for _ in range(2000):
+        status, headers = _login(armed, "wrong-" + TOKEN)
+        statuses[status] = statuses.get(status, 0) + 1
+    assert statuses == {403: 4, 429: 1996}, statuses
+    status, headers = _login(armed, TOKEN)  # the right token, during the lock
+    assert status == 429 and "set-cookie" not in headers
+    assert headers["retry-after"] == "60" and headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert _login(armed, TOKEN, source="127.0.0.2")[0] == 303  # another address: unaffected
+    assert _login(armed, "wrong-" + TOKEN, source="127.0.0.3")[0] == 403
+    now[0] += 59
+    assert _login(armed, TOKEN)[0] == 429
+    now[0] += 1
+    status, headers = _login(armed, TOKEN)  # the lock is over
+    assert status == 303 and "worker_console=" in headers["set-cookie"]
+    lines = [r.getMessage() for r in caplog.records if "sign-in" in r.getMessage()]
+    assert len(lines) <= 5, lines
+    assert "console: failed sign-in from 127.0.0.1 (wrong token)" in lines
+    assert "console: 5 failed sign-ins from 127.0.0.1 in the last 1 s; locked for 60 s" in lines
+    assert "console: 1,997 sign-ins from 127.0.0.1 refused while it was locked (60 s)" in lines
+    assert not [m for m in lines if TOKEN in m]
+
+
+def test_the_throttle_backs_off_and_forgets() -> None:
+    now = [0.0]
+    t = throttle.SignInThrottle(clock=lambda: now[0])
+    # Four failures a minute apart never lock; five within a minute do.
+    for _ in range(4):
+        assert t.failed("a") == 0
+        now[0] += 61
+    assert [t.failed("b") for _ in range(5)] == [0, 0, 0, 0, 60]
+    # Each failure after a lock locks again, for twice as long, up to the cap.
+    locks = []
+    for _ in range(6):
+        now[0] += t.locked("b") + 0.001
+        assert t.locked("b") == 0
+        locks.append(t.failed("b"))
+    assert locks == [120, 240, 480, 900, 900, 900]
+    # A quiet hour, or a successful sign-in, starts the address afresh.
+    now[0] += 900 + throttle.FORGET_AFTER + 1
+    assert t.locked("b") == 0 and t.failed("b") == 0
+    t.succeeded("b")
+    assert len([a for a in ("a", "b") if a in t._addresses]) == 1
+
+
+def test_the_throttle_stays_bounded_whatever_addresses_come(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """50,000 addresses, each failing five times: at most MAX_ADDRESSES are remembered, the
+    memory stops growing once the table is full, and the log holds a minute's allowance of
+    lines and one that says how many were left out."""
+    caplog.set_level("DEBUG", logger="worker.console")
+    now = [0.0]
+    t = throttle.SignInThrottle(clock=lambda: now[0])
+
+    def attack(first: int, last: int) -> None:
+        for i in range(first, last):
+            address = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+            for _ in range(5):
+                t.locked(address)
+                t.failed(address)
+            now[0] += 0.0001
+
+    tracemalloc.start()
+    try:
+        attack(0, 2 * throttle.MAX_ADDRESSES)  # the table full, and turned over once
+        full = tracemalloc.get_traced_memory()[0]
+        attack(2 * throttle.MAX_ADDRESSES, 50_000)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(t) == throttle.MAX_ADDRESSES and len(t._ends) <= throttle.MAX_ADDRESSES
+    # Kept, each of 30,000 more addresses would cost hundreds of bytes; bounded, nothing.
+    assert after - full < 30_000 * 5, (full, after)
+    assert t.locked("10.0.195.79") > 0  # the latest address is still locked
+    assert len(caplog.records) == throttle.LOG_LINES
+    now[0] += 61
+    t.failed("192.0.2.1")
+    assert "more such lines left out in the last minute" in caplog.records[-1].getMessage()
+
+
+# -- oversized values ------------------------------------------------------------------------------
+
+
+FIRST_MD5 = "c4ca4238a0b923820dcc509a6f75849b"  # md5('1'), where the big payload starts
+
+
+def _medians(server: MetricsServer, *paths: str, n: int = 9) -> list[float]:
+    """The median time of ``n`` views of each path, the views taken in turns (so that a moment
+    of load on the machine weighs on each alike), after one view each to warm up."""
+    times: list[list[float]] = [[] for _ in paths]
+    for round in range(n + 1):
+        for i, path in enumerate(paths):
+            start = time.perf_counter()
+            status, _, _ = request(server, "GET", path)
+            if round:
+                times[i].append(time.perf_counter() - start)
+            assert status == 200, path
+    return [sorted(t)[n // 2] for t in times]
+
+
+def _download(server: MetricsServer, path: str) -> tuple[int, dict[str, str], bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("GET", path, headers={"Accept-Encoding": "gzip"})
+    r = c.getresponse()
+    body = r.read()
+    got = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    return r.status, got, body
+
+
+def test_an_oversized_payload_is_cut_on_its_page_and_downloaded_whole(
+    armed: MetricsServer, schema: str, conn: psycopg.Connection
+) -> None:
+    """A 50 MB payload written by SQL: its page reads none of it, so it is no slower than the
+    page of a small payload (medians, at most 3 times), says how large it is as stored, and
+    links to a download that returns the payload's JSON byte for byte, as an attachment with
+    the console's headers. A 2 MB payload (small once compressed) shows its first 65,536
+    characters, its size, and the same link; a result is shown the same way."""
+    small, big, mid = (
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, payload) VALUES ('t', %s) RETURNING id", (p,)
+        ).fetchone()[0]  # type: ignore[index]
+        for p in ('{"to": "a@example.com"}', "{}", "{}")
+    )
+    conn.execute(
+        f"UPDATE {schema}.tasks SET payload = jsonb_build_object('rows', (SELECT"
+        " string_agg(md5(g::text), '') FROM generate_series(1, 1600000) AS g),"
+        " 'note', E'\u00e9t\u00e9 \"quoted\" \\n <b>') WHERE id = %s",
+        (big,),
+    )
+    conn.execute(
+        f"UPDATE {schema}.tasks SET payload = jsonb_build_object('blob', repeat('p', 2000000)),"
+        " state = 'done', finished_at = now(),"
+        " result = jsonb_build_object('r', repeat('r', 100000)) WHERE id = %s",
+        (mid,),
+    )
+    conn.execute(  # an error history of 4 MB that does not compress
+        f"UPDATE {schema}.tasks SET errors = (SELECT jsonb_agg(jsonb_build_object('attempt', g,"
+        " 'error', (SELECT string_agg(md5((g * 1000 + h)::text), '') FROM generate_series(1, 30)"
+        " AS h))) FROM generate_series(1, 4000) AS g) WHERE id = %s",
+        (big,),
+    )
+    size = conn.execute(
+        f"SELECT octet_length(payload::text) FROM {schema}.tasks WHERE id = %s", (big,)
+    ).fetchone()[0]  # type: ignore[index]
+    assert size > 50_000_000
+    baseline, took = _medians(armed, f"/console/jobs/{small}", f"/console/jobs/{big}")
+    assert took <= 3 * baseline, (took, baseline)
+    page = request(armed, "GET", f"/console/jobs/{big}")[2]
+    # The job browser lists it as fast, without its payload.
+    baseline, took = _medians(armed, "/console/jobs?state=done", "/console/jobs?state=queued")
+    assert took <= 3 * baseline, (took, baseline)
+    listing = request(armed, "GET", "/console/jobs?state=queued")[2]
+    assert f'data-task-id="{big}"' in listing and FIRST_MD5 not in listing
+    assert len(page) < 50_000 and FIRST_MD5 not in page
+    assert "Too large to show here:" in page and "as stored in the database" in page
+    assert f'href="/console/jobs/{big}/payload.json"' in page
+    assert "The error history is too large to show here" in page
+    assert f'href="/console/jobs/{big}/errors.json"' in page
+    status, _, body = _download(armed, f"/console/jobs/{big}/errors.json")
+    want = conn.execute(
+        f"SELECT convert_to(errors::text, 'UTF8') FROM {schema}.tasks WHERE id = %s", (big,)
+    ).fetchone()[0]  # type: ignore[index]
+    assert status == 200 and body == want and len(json.loads(body)) == 4000
+
+    status, headers, body = _download(armed, f"/console/jobs/{big}/payload.json")
+    want = conn.execute(
+        f"SELECT convert_to(payload::text, 'UTF8') FROM {schema}.tasks WHERE id = %s", (big,)
+    ).fetchone()[0]  # type: ignore[index]
+    assert status == 200 and body == want and len(body) > 50_000_000
+    json.loads(body)
+    assert headers["content-type"] == "application/json"
+    assert headers["content-disposition"] == f'attachment; filename="task-{big}-payload.json"'
+    assert headers["content-length"] == str(len(want))
+    assert headers["x-content-type-options"] == "nosniff" and headers["cache-control"] == "no-store"
+    assert "default-src 'none'" in headers["content-security-policy"]
+
+    status, _, page = request(armed, "GET", f"/console/jobs/{mid}")
+    assert status == 200 and "p" * 60_000 in page and "p" * 70_000 not in page
+    assert "Cut: the first 65,536 characters of 2.0 MB of JSON" in page
+    assert "r" * 60_000 in page and f'href="/console/jobs/{mid}/result.json"' in page
+    for what, column in (("payload", "payload"), ("result", "result")):
+        status, _, body = _download(armed, f"/console/jobs/{mid}/{what}.json")
+        want = conn.execute(
+            f"SELECT convert_to({column}::text, 'UTF8') FROM {schema}.tasks WHERE id = %s", (mid,)
+        ).fetchone()[0]  # type: ignore[index]
+        assert status == 200 and body == want
+    _, _, page = request(armed, "GET", f"/console/jobs/{small}")
+    assert "&quot;to&quot;: &quot;a@example.com&quot;" in page and "23 bytes of JSON" in page
+    assert "<h3>Result</h3>" not in page
+    for path in (f"/console/jobs/{small}/result.json", "/console/jobs/999999/payload.json"):
+        assert request(armed, "GET", path)[0] == 404
+    evil = {"Host": "evil.example"}
+    status, _, text = request(armed, "GET", f"/console/jobs/{big}/payload.json", headers=evil)
+    assert status == 421 and FIRST_MD5 not in text

@@ -17,7 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import fetch
 
+from worker.errors import ConfigError
 from worker.monitor.bounds import OTHER, QueueRow, clip, exported, label
+from worker.monitor.hosts import split_host
 from worker.monitor.server import MetricsServer, serve
 from worker.tasks.registry import Registry
 
@@ -317,8 +319,14 @@ def test_error_responses_carry_the_security_headers(http_server: MetricsServer) 
         raise RuntimeError("boom")
 
     http_server.db.page = boom  # type: ignore[method-assign]
-    status, headers = headers_of(raw_request(http_server, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+    host = f"127.0.0.1:{http_server.port}".encode()
+    page = b"GET / HTTP/1.1\r\nHost: " + host + b"\r\n\r\n"
+    status, headers = headers_of(raw_request(http_server, page))
     assert status == 500
+    assert_secure(headers)
+    # A foreign Host is refused before anything is read, with the same headers.
+    status, headers = headers_of(raw_request(http_server, page.replace(host, b"x")))
+    assert status == 421
     assert_secure(headers)
     cases = {
         b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\n\r\n": 414,
@@ -332,3 +340,130 @@ def test_error_responses_carry_the_security_headers(http_server: MetricsServer) 
         status, headers = headers_of(raw)
         assert status == want, raw[:200]
         assert_secure(headers)
+
+
+# -- the Host header (DNS rebinding) ---------------------------------------------------------------
+
+
+def _get(server: MetricsServer, path: str, host: str | None, method: str = "GET") -> int:
+    """The status of a request to ``path`` naming ``host`` (None: no Host header at all)."""
+    line = f"{method} {path} HTTP/1.1\r\n" + (f"Host: {host}\r\n" if host is not None else "")
+    extra = ""
+    if method == "POST":
+        body = "token=console-token-for-hosts-0123&name=x"
+        extra = (
+            f"Origin: http://{host}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}"
+        )
+    status, headers = headers_of(raw_request(server, (line + (extra or "\r\n")).encode()))
+    assert headers["x-content-type-options"] == "nosniff"
+    return status
+
+
+PAGES = ("/", "/index.html", "/console/", "/console/jobs", "/console/login", "/console/queues")
+PAGES += ("/console/static/console.js", "/console/jobs/1")
+
+
+def test_the_page_and_the_console_answer_only_their_own_host_names(
+    pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A DNS-rebinding page's requests name its own host: refused (421) on every page and on a
+    sign-in; the server's address with its port, and localhost on any port (a tunnel), are
+    answered; /metrics, /healthz and /readyz answer any Host."""
+    caplog.set_level("INFO")
+    token = "console-token-for-hosts-0123"
+    server = serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0, console_token=token)
+    port = server.port
+    try:
+        foreign = [
+            "evil.example",
+            f"evil.example:{port}",
+            f"127.0.0.1.evil.example:{port}",
+            f"localhost.evil.example:{port}",
+            f"evil.example:{port}@127.0.0.1",
+            "",
+            None,
+        ]
+        own = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "localhost:8080"]
+        own += [f"LOCALHOST:{port}", f"localhost.:{port}", "127.0.0.1:1"]
+        for path in PAGES:
+            for host in foreign:
+                assert _get(server, path, host) == 421, (path, host)
+            for host in own:
+                assert _get(server, path, host) in (200, 404), (path, host)
+        for path in ("/metrics", "/healthz", "/readyz"):
+            for host in foreign:
+                assert _get(server, path, host) == 200, (path, host)
+        # Two Host headers, one of them ours: which one a proxy or a cache reads is a guess.
+        own_host = f"127.0.0.1:{port}"
+        twice = f"GET / HTTP/1.1\r\nHost: {own_host}\r\nHost: evil.example\r\n\r\n".encode()
+        assert headers_of(raw_request(server, twice))[0] == 421
+        # A sign-in sent under the foreign name (its Origin matches its Host) is refused too.
+        assert _get(server, "/console/login", f"evil.example:{port}", "POST") == 421
+        assert _get(server, "/console/login", f"127.0.0.1:{port}", "POST") == 303
+    finally:
+        server.stop()
+    refused = [r.getMessage() for r in caplog.records if "refused a request for Host" in r.msg]
+    assert len(refused) <= len(foreign) + 1  # one line per name, not per request
+    started = [r.getMessage() for r in caplog.records if "answer requests for Host" in r.msg]
+    assert started and f"127.0.0.1:{port}" in started[0] and "localhost (any port)" in started[0]
+
+
+def test_configured_host_names_are_answered(pg_dsn: str, schema: str) -> None:
+    names = ["Console.Example.com", "ops.example:8443"]
+    server = serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0, console_hosts=names)
+    try:
+        for host in ("console.example.com", "console.example.com:443", "ops.example:8443"):
+            assert _get(server, "/console/", host) == 200, host
+        for host in ("ops.example:9999", "ops.example", "example.com", "evil.console.example.com"):
+            assert _get(server, "/console/", host) == 421, host
+    finally:
+        server.stop()
+    with pytest.raises(ConfigError, match="--console-host"):
+        serve("127.0.0.1", 0, dsn=pg_dsn, schema=schema, console_hosts=["bad name/x"])
+
+
+def test_bound_to_every_address_the_machines_names_are_answered(pg_dsn: str, schema: str) -> None:
+    """Bound to 0.0.0.0 without configured names: the machine's host name and the addresses it
+    resolves to, with the port, besides localhost; a configured name replaces the host name."""
+    hostname = socket.gethostname()
+    addresses = {a[4][0] for a in socket.getaddrinfo(hostname, None, socket.AF_INET)}
+    server = serve("0.0.0.0", 0, dsn=pg_dsn, schema=schema, ttl=0)
+    try:
+        port = server.port
+        for host in [f"{hostname}:{port}", *(f"{a}:{port}" for a in addresses), "localhost:1"]:
+            assert _get(server, "/", host) == 200, host
+        assert _get(server, "/", f"{hostname}:{port + 1 if port < 65535 else 1}") == 421
+        assert _get(server, "/", f"evil.example:{port}") == 421
+    finally:
+        server.stop()
+    server = serve("0.0.0.0", 0, dsn=pg_dsn, schema=schema, ttl=0, console_hosts=["ops.example"])
+    try:
+        assert _get(server, "/", "ops.example") == 200
+        if hostname not in ("localhost", *addresses):
+            assert _get(server, "/", f"{hostname}:{server.port}") == 421
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("Example.COM", ("example.com", None)),
+        ("example.com.:80", ("example.com", 80)),
+        ("[::1]:9187", ("::1", 9187)),
+        ("::1", ("::1", None)),
+        ("10.0.0.7:1", ("10.0.0.7", 1)),
+        ("a b", None),
+        ("x:0", None),
+        ("x:65536", None),
+        ("x:+80", None),
+        ("[::1]x", None),
+        ("user@host", None),
+        ("a..b", None),
+        ("", None),
+        ("é.example", None),
+    ],
+)
+def test_host_headers_are_read_strictly(text: str, parsed: Any) -> None:
+    assert split_host(text) == parsed

@@ -6,22 +6,29 @@ scrubbed from logs".)"""
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import psutil
+import psycopg
 import pytest
 from conftest import run_cli, spawn_cli, wait_until
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from test_metrics import free_port
 
 from worker.cli.text import SafeFormatter
 from worker.db import dsn as _config
 from worker.db.dsn import UNPARSEABLE, redact, remember_secret, scrub
+from worker.engine.supervisor import MAX_SECRET_BYTES, read_secret_pipe, secret_pipe
 
 PW = "S3cretPW"
 CLOSED = "127.0.0.1"  # port 1: nothing listens there
@@ -310,3 +317,161 @@ def test_the_benchmark_puts_no_password_on_its_workers_command_lines(pg_dsn: str
     for pid, line in seen.items():
         assert PW not in line, (pid, line)
     assert PW not in out + err
+
+
+# --- the console's token ------------------------------------------------------------------
+
+CONSOLE_TOKEN = "console-token-kept-in-memory-0123456789"
+
+
+@pytest.mark.parametrize("memory", [True, False], ids=["memfd", "pipe"])
+def test_a_secret_is_handed_over_once_by_file_descriptor(
+    memory: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not memory:
+        monkeypatch.delattr(os, "memfd_create", raising=False)
+    secret = "tok\u00e9n-" * 1000  # 7 kB as UTF-8 for a memory file; under 4 KiB for a pipe
+    secret = secret if memory else secret[:1000]
+    fd = secret_pipe(secret)
+    assert os.get_inheritable(fd)
+    assert read_secret_pipe(str(fd)) == secret
+    with pytest.raises(OSError):
+        os.fstat(fd)  # read once, then closed
+    with pytest.raises(ValueError):
+        secret_pipe("x" * (MAX_SECRET_BYTES + 1 if memory else 4097))
+    with pytest.raises(ValueError):
+        read_secret_pipe("2")
+
+
+def _traces(root: int) -> dict[int, str]:
+    """The environment and command line of ``root`` and of every process below it, read from
+    /proc as any process of the same user can."""
+    pids = [root]
+    with contextlib.suppress(psutil.Error):
+        pids += [p.pid for p in psutil.Process(root).children(recursive=True)]
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode("latin-1")
+            found[pid] = environ + "\n" + _cmdline(pid)
+    return found
+
+
+def _sign_in(port: int, token: str) -> int:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    body = urllib.parse.urlencode({"token": token, "name": "ops"})
+    c.request(
+        "POST",
+        "/console/login",
+        body=body,
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Origin": f"http://127.0.0.1:{port}",
+        },
+    )
+    status = c.getresponse().status
+    c.close()
+    return status
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        for kid in psutil.Process(proc.pid).children(recursive=True):
+            kid.kill()
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_the_console_token_is_in_no_process_environment(
+    pg_dsn: str, schema: str, conn: psycopg.Connection, processes: str, tmp_path: Path
+) -> None:
+    """`worker run --metrics-port` given WORKER_CONSOLE_TOKEN, alone and as a supervisor of two
+    (given its DSN by flag, so that it also moves that): no process of the tree shows the token
+    in /proc/PID/environ or cmdline, a handler finds it neither in os.environ nor in
+    /proc/self/environ nor in its parent's, no log line holds it, and the console still takes
+    it at sign-in."""
+    conn.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('environ')")
+    port = free_port()
+    dsn = ("--dsn", pg_dsn) if processes == "2" else ()
+    log = tmp_path / "log"
+    with log.open("w") as fh:
+        proc = spawn_cli(
+            *("run", "environ_module", *dsn, "--schema", schema, "--processes", processes),
+            *("--metrics-port", str(port), "--store-results", "--max-result-size", "1000000"),
+            *("--log-level", "DEBUG", "--grace", "5"),
+            env={"WORKER_CONSOLE_TOKEN": CONSOLE_TOKEN, **({} if dsn else {"WORKER_DSN": pg_dsn})},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            row = wait_until(
+                lambda: conn.execute(
+                    f"SELECT result::text FROM {schema}.tasks WHERE state = 'done'"
+                ).fetchone(),
+                timeout=60,
+            )
+            result = json.loads(row[0])
+            kids = 0 if processes == "1" else 2
+            traces = wait_until(lambda: len(_traces(proc.pid)) == 1 + kids and _traces(proc.pid))
+            for pid, trace in traces.items():
+                assert CONSOLE_TOKEN not in trace, pid
+                assert "WORKER_CONSOLE_TOKEN=" not in trace, pid
+            assert result["parent"] == (proc.pid if kids else os.getpid())
+            assert "WORKER_CONSOLE_TOKEN" not in result["os.environ"]
+            assert CONSOLE_TOKEN not in row[0]
+            assert _sign_in(port, "wrong-" + CONSOLE_TOKEN) == 403
+            assert _sign_in(port, CONSOLE_TOKEN) == 303  # kept, in memory only
+        finally:
+            _stop(proc)
+    text = log.read_text()
+    assert "console (actions on)" in text and "failed sign-in" in text
+    assert CONSOLE_TOKEN not in text and "Traceback" not in text
+
+
+def test_a_worker_without_a_console_drops_the_token_too(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """WORKER_CONSOLE_TOKEN set for a `worker run` that serves no console (set for every unit of
+    a machine, say): unused, and still out of reach of the handlers."""
+    conn.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('environ')")
+    r = run_cli(
+        *("run", "environ_module", "--schema", schema, "--processes", "1", "--burst"),
+        "--store-results",
+        *("--max-result-size", "1000000"),
+        env={"WORKER_CONSOLE_TOKEN": CONSOLE_TOKEN, "WORKER_DSN": pg_dsn},
+    )
+    assert r.returncode == 0, r.stderr
+    row = conn.execute(f"SELECT result::text FROM {schema}.tasks WHERE state = 'done'").fetchone()
+    assert row is not None and '"/proc/self/environ"' in row[0]
+    assert CONSOLE_TOKEN not in row[0] and "WORKER_CONSOLE_TOKEN" not in row[0]
+    assert CONSOLE_TOKEN not in r.stdout + r.stderr
+
+
+def test_the_demo_keeps_the_console_token_out_of_every_environment(
+    pg_dsn: str, schema: str
+) -> None:
+    """`worker demo` given WORKER_CONSOLE_TOKEN: the demo, its pool's supervisor and the
+    workers show it nowhere in /proc, and the console takes it at sign-in."""
+    port = free_port()
+    proc = spawn_cli(
+        *("demo", "--dsn", pg_dsn, "--schema", schema, "--port", str(port), "--rate", "5"),
+        env={"WORKER_CONSOLE_TOKEN": CONSOLE_TOKEN},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "Console:" in proc.stdout.readline()
+        traces = wait_until(lambda: len(_traces(proc.pid)) == 4 and _traces(proc.pid))
+        for pid, trace in traces.items():
+            assert CONSOLE_TOKEN not in trace, pid
+            assert "WORKER_CONSOLE_TOKEN=" not in trace, pid
+        assert _sign_in(port, CONSOLE_TOKEN) == 303
+    finally:
+        _stop(proc)
+        out, err = proc.communicate(timeout=10)
+    assert CONSOLE_TOKEN not in out + err and "Traceback" not in out + err

@@ -23,7 +23,17 @@ from ..ops.status import STATES, status
 from ..tasks import limits as _limits
 from ..tasks.enqueue import enqueue
 from . import limits as limits_cli
-from .common import CliError, age, connect, print_json, require, resolve_dsn, table
+from .common import (
+    CliError,
+    age,
+    connect,
+    console_token,
+    print_json,
+    require,
+    resolve_dsn,
+    start_over,
+    table,
+)
 from .task import cmd_task
 from .text import LINE_LIMIT, safe
 
@@ -312,5 +322,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # The console's token, like `worker run`'s: out of this process's environment (it starts
+    # over without it), kept in memory, and handed to the pool that serves the console by pipe.
+    live = args.tasks is None
+    if getattr(args, "from_command_line", False):
+        start_over(args.argv, {}, serving=live)
+    token = console_token(None, serving=live)
     embedded = not args.dsn and dsn_source_from_env() is None
-    return demo.main(args, resolve_dsn(args.dsn), embedded=embedded)
+    return demo.main(args, resolve_dsn(args.dsn), embedded=embedded, console_token=token)

@@ -171,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         "$WORKER_CONSOLE_TOKEN); without one the console is read-only",
     )
     p.add_argument(
+        "--console-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a host name (NAME or NAME:PORT) the status page and the console answer besides the "
+        "server's own addresses; repeatable, or comma-separated (default: $WORKER_CONSOLE_HOSTS)",
+    )
+    p.add_argument(
         "--burst", action="store_true", help="exit once no task is due and none is running"
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

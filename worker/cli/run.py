@@ -9,7 +9,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -26,12 +25,22 @@ from ..engine.supervisor import (
     die_with_parent,
     without_options,
 )
-from ..monitor.console.auth import TokenError, checked_token
+from ..monitor.hosts import split_host
 from ..monitor.metrics.counters import worker_hooks
 from ..monitor.server import serve
 from ..tasks.registry import DEFAULT_QUEUE, registry
 from ..tasks.results import check_config as check_results_config
-from .common import CliError, checked_dsn, connect_dsn, import_tasks, require, resolve_dsn, scrub
+from .common import (
+    CliError,
+    checked_dsn,
+    connect_dsn,
+    console_token,
+    import_tasks,
+    require,
+    resolve_dsn,
+    scrub,
+    start_over,
+)
 
 log = logging.getLogger("worker")
 LISTEN_ENV = "WORKER_LISTEN_DSN"
@@ -39,9 +48,8 @@ LISTEN_ENV = "WORKER_LISTEN_DSN"
 # a variable of our own, so that the handlers' WORKER_DSN (which an application may read for
 # its own connections) is left as the user set it.
 RUN_DSN_ENV = "WORKER_RUN_DSN"
-# The console's token (its actions are off without one). Never a flag: a command line is
-# readable by every user of the machine.
-CONSOLE_TOKEN_ENV = "WORKER_CONSOLE_TOKEN"
+# Same as --console-host, names separated by commas.
+CONSOLE_HOSTS_ENV = "WORKER_CONSOLE_HOSTS"
 # Same as --otel (children of a supervisor get the flag with their command line anyway).
 OTEL_ENV = "WORKER_OTEL"
 
@@ -49,10 +57,11 @@ OTEL_ENV = "WORKER_OTEL"
 def cmd_run(args: argparse.Namespace) -> int:
     # Before the import: a supervisor (or `worker demo`) killed meanwhile leaves no orphan.
     die_with_parent()
-    _hide_dsns_from_argv(args)
+    _start_over(args)
     # Read once and out of the environment: handlers (and their subprocesses) do not see it.
     args.dsn = args.dsn or os.environ.pop(RUN_DSN_ENV, None)
     args.console_token = _console_token(args)
+    args.console_hosts = _console_hosts(args)
     import_tasks(args.module)
     if args.otel or _env_flag(OTEL_ENV):
         _instrument()  # after the import: the tasks module may set up its tracer provider
@@ -204,11 +213,12 @@ def _warn_unknown_queues(args: argparse.Namespace) -> None:
     )
 
 
-def _hide_dsns_from_argv(args: argparse.Namespace) -> None:
-    """A long-running `worker run` given --dsn (or --listen-dsn) on its command line starts over
-    without it, the DSN moved to its environment: every user of the machine can read a process's
-    command line (ps, /proc/PID/cmdline) for as long as it runs. The process keeps its pid; only
-    its first moments show the DSN. A DSN that cannot be parsed is refused first, by its flag."""
+def _start_over(args: argparse.Namespace) -> None:
+    """A long-running `worker run` given --dsn (or --listen-dsn) on its command line, or the
+    console's token in its environment, starts over without them (``common.start_over``): the
+    DSNs move to its environment, the token to a pipe it reads once. The process keeps its pid;
+    only its first moments show them. A DSN that cannot be parsed is refused first, by its flag.
+    A supervised child takes neither (its supervisor never passes the token on)."""
     if args.child or not getattr(args, "from_command_line", False):
         return
     moved = {}
@@ -216,40 +226,18 @@ def _hide_dsns_from_argv(args: argparse.Namespace) -> None:
         moved[RUN_DSN_ENV] = checked_dsn(args.dsn, "--dsn")
     if args.listen_dsn and _given(args.argv, "--listen-dsn"):
         moved[LISTEN_ENV] = checked_dsn(args.listen_dsn, "--listen-dsn")
-    if not moved:
-        return
-    argv = without_options(args.argv, DSN_OPTIONS)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "worker", *argv], {**os.environ, **moved})
+    argv = without_options(args.argv, DSN_OPTIONS) if moved else args.argv
+    start_over(argv, moved, serving=bool(args.metrics_port))
 
 
 def _console_token(args: argparse.Namespace) -> str | None:
-    """The console's token, from --console-token-file or WORKER_CONSOLE_TOKEN, taken out of the
-    environment either way (so that neither the handlers nor the children see it). Only the
-    process that serves the console (not a supervised child) reads it."""
-    from_env = os.environ.pop(CONSOLE_TOKEN_ENV, None)
+    """The console's token, from --console-token-file, or handed over by ``_start_over`` from
+    WORKER_CONSOLE_TOKEN (see ``common.console_token``). Only the process that serves the console
+    (not a supervised child) keeps it."""
     path = getattr(args, "console_token_file", None)
-    if args.child:
-        return None
-    if path and not args.metrics_port:
+    if path and not args.metrics_port and not args.child:
         raise CliError("--console-token-file needs --metrics-port: the console is served there", 2)
-    if not args.metrics_port:
-        return None
-    try:
-        if path:
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    text = fh.read(64 * 1024)
-            except (OSError, UnicodeDecodeError) as exc:
-                why = getattr(exc, "strerror", None) or "not a UTF-8 text file"
-                raise CliError(f"cannot read --console-token-file {path!r}: {why}", 2) from None
-            return checked_token(text, "--console-token-file")
-        if from_env is not None:
-            return checked_token(from_env, CONSOLE_TOKEN_ENV)
-    except TokenError as exc:
-        raise CliError(str(exc), 2) from None
-    return None
+    return console_token(path, serving=bool(args.metrics_port) and not args.child)
 
 
 def _given(argv: list[str], option: str) -> bool:
@@ -330,4 +318,17 @@ def _start_metrics(args: argparse.Namespace, dsn: str) -> Any:
         schema=args.schema,
         multiprocess=supervised,
         console_token=getattr(args, "console_token", None),
+        console_hosts=getattr(args, "console_hosts", ()),
     )
+
+
+def _console_hosts(args: argparse.Namespace) -> list[str]:
+    """--console-host, else WORKER_CONSOLE_HOSTS (either: names separated by commas), checked."""
+    given = getattr(args, "console_host", None)
+    source = "--console-host" if given else CONSOLE_HOSTS_ENV
+    texts = given or [os.environ.get(CONSOLE_HOSTS_ENV, "")]
+    names = [n.strip() for text in texts for n in text.split(",") if n.strip()]
+    for name in names:
+        if split_host(name) is None:
+            raise CliError(f"{source}: {name[:100]!r} is not a host name (NAME or NAME:PORT)", 2)
+    return names

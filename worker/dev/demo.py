@@ -27,7 +27,13 @@ from ..db.connect import BENCH, connect
 from ..db.dsn import scrub
 from ..db.migrate import migrate
 from ..db.sql import queries
-from ..engine.supervisor import PARENT_PID_ENV, PARENT_SIGNAL_ENV
+from ..engine.supervisor import (
+    CONSOLE_TOKEN_FD_ENV,
+    PARENT_PID_ENV,
+    PARENT_SIGNAL_ENV,
+    child_environ,
+    secret_pipe,
+)
 from ..ops.status import status
 from ..tasks.enqueue import enqueue, enqueue_many
 from .embedded.install import _pick_free_port, _port_is_free
@@ -40,8 +46,11 @@ _TTY_EVERY = 1.0  # seconds between updates of the summary line on a terminal
 _LOG_EVERY = 5.0  # ... and between summary lines when stdout is a file or a pipe
 
 
-def main(args: argparse.Namespace, dsn: str, *, embedded: bool = False) -> int:
-    """``worker demo``; the CLI resolves the DSN (flag, environment or embedded server)."""
+def main(
+    args: argparse.Namespace, dsn: str, *, embedded: bool = False, console_token: str | None = None
+) -> int:
+    """``worker demo``; the CLI resolves the DSN (flag, environment or embedded server) and takes
+    the console's token out of the environment (``console_token``: for the pool's console)."""
     schema = args.schema if args.schema != "worker" else "worker_demo"
     with connect(dsn, BENCH) as conn:
         migrate(conn, schema)
@@ -50,7 +59,7 @@ def main(args: argparse.Namespace, dsn: str, *, embedded: bool = False) -> int:
             with _Pool(dsn, schema, args.processes, "worker.dev.demo_tasks", [], "WARNING") as pool:
                 return _settle(conn, schema, args.tasks, pool.proc)
         try:
-            return _live(conn, dsn, schema, args, embedded)
+            return _live(conn, dsn, schema, args, embedded, console_token)
         except psycopg.OperationalError as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             print(f"\ndemo: lost the database ({scrub(first)}); stopped", file=sys.stderr)
@@ -62,7 +71,32 @@ class _Pool:
     reaches the demo only, which passes on one SIGTERM (two would mean "stop at once")."""
 
     def __init__(
-        self, dsn: str, schema: str, processes: int, module: str, extra: list[str], log_level: str
+        self,
+        dsn: str,
+        schema: str,
+        processes: int,
+        module: str,
+        extra: list[str],
+        log_level: str,
+        console_token: str | None = None,
+    ) -> None:
+        # The console's token on a pipe the pool reads once, never in its environment.
+        handed = {} if console_token is None else {CONSOLE_TOKEN_FD_ENV: secret_pipe(console_token)}
+        try:
+            self._start(dsn, schema, processes, module, extra, log_level, handed)
+        finally:
+            for fd in handed.values():
+                os.close(fd)
+
+    def _start(
+        self,
+        dsn: str,
+        schema: str,
+        processes: int,
+        module: str,
+        extra: list[str],
+        log_level: str,
+        handed: dict[str, int],
     ) -> None:
         self.proc = subprocess.Popen(
             [
@@ -81,12 +115,15 @@ class _Pool:
             ],
             # The DSN goes through the environment (argv is public), and the pool stops with
             # the demo, however the demo ends (PARENT_*: see engine.supervisor.die_with_parent).
-            env={
-                **os.environ,
-                "WORKER_DSN": dsn,
-                PARENT_PID_ENV: str(os.getpid()),
-                PARENT_SIGNAL_ENV: "SIGTERM",
-            },
+            env=child_environ(
+                {
+                    "WORKER_DSN": dsn,
+                    PARENT_PID_ENV: str(os.getpid()),
+                    PARENT_SIGNAL_ENV: "SIGTERM",
+                    **{name: str(fd) for name, fd in handed.items()},
+                }
+            ),
+            pass_fds=tuple(handed.values()),
             start_new_session=True,
         )
 
@@ -142,7 +179,12 @@ def _answers(url: str) -> bool:
 
 
 def _live(
-    conn: psycopg.Connection, dsn: str, schema: str, args: argparse.Namespace, embedded: bool
+    conn: psycopg.Connection,
+    dsn: str,
+    schema: str,
+    args: argparse.Namespace,
+    embedded: bool,
+    console_token: str | None,
 ) -> int:
     q = queries(schema, SQL_DIR)
     after = conn.execute(q["demo_last_id"]).fetchone()[0]
@@ -151,7 +193,9 @@ def _live(
     with _Stop() as stop:
         extra = ["--metrics-port", str(port), "--grace", "5"]
         # ERROR: a task failing for good is in the summary line; a log line would break it.
-        with _Pool(dsn, schema, args.processes, "worker.dev.demo_live", extra, "ERROR") as pool:
+        with _Pool(
+            dsn, schema, args.processes, "worker.dev.demo_live", extra, "ERROR", console_token
+        ) as pool:
             url = f"http://127.0.0.1:{port}/"
             while not _answers(url + "healthz"):
                 if pool.proc.poll() is not None:

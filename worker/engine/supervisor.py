@@ -36,6 +36,14 @@ LIVENESS_ENV = "WORKER_LIVENESS_FILE"
 WORKER_ID_ENV = "WORKER_ID"  # the id a supervisor gives each child (its rows' worker_id)
 PARENT_PID_ENV = "WORKER_PARENT_PID"  # a process started with it dies with that parent
 PARENT_SIGNAL_ENV = "WORKER_PARENT_SIGNAL"  # how: SIGKILL (default) or SIGTERM
+# The console's token, and the number of the inherited pipe that hands it to a process started
+# over without it (see secret_pipe). Neither is ever passed to a child's environment: any process
+# of the same user can read /proc/PID/environ, and the kernel shows there the environment a
+# process started with, whatever it later removes from os.environ.
+CONSOLE_TOKEN_ENV = "WORKER_CONSOLE_TOKEN"
+CONSOLE_TOKEN_FD_ENV = "WORKER_CONSOLE_TOKEN_FD"
+PRIVATE_ENV = (CONSOLE_TOKEN_ENV, CONSOLE_TOKEN_FD_ENV)
+MAX_SECRET_BYTES = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 
 
@@ -56,6 +64,52 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if str(os.getppid()) != parent:
         os._exit(1)  # the parent died before we could ask: do not run unsupervised
+
+
+def child_environ(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a process this one starts: its own without PRIVATE_ENV, plus
+    ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if k not in PRIVATE_ENV}, **extra}
+
+
+def secret_pipe(value: str) -> int:
+    """An inheritable file descriptor from which ``value``, and nothing more, can be read to its
+    end: a process started with its number reads the value once and closes it, and the value is
+    never in any process's environment or command line. An anonymous memory file on Linux (any
+    size, up to MAX_SECRET_BYTES); elsewhere a pipe, whose write end is closed once written,
+    for at most 4 KiB (what a pipe's buffer always takes, so the write never waits)."""
+    data = value.encode()
+    if len(data) > (MAX_SECRET_BYTES if hasattr(os, "memfd_create") else 4096):
+        raise ValueError("too long to hand over to another process")
+    memory = hasattr(os, "memfd_create")
+    fd, write_end = (os.memfd_create("worker-secret", 0),) * 2 if memory else os.pipe()
+    try:
+        while data:
+            data = data[os.write(write_end, data) :]
+    finally:
+        if memory:
+            os.lseek(fd, 0, os.SEEK_SET)
+        else:
+            os.close(write_end)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def read_secret_pipe(fd_text: str) -> str:
+    """The value ``secret_pipe`` put in the pipe whose number is ``fd_text``, read to its end
+    (at most MAX_SECRET_BYTES) and the pipe closed; OSError or ValueError when there is none."""
+    fd = int(fd_text)
+    if fd < 3:
+        raise ValueError("not a pipe handed over at start")
+    data = b""
+    try:
+        while len(data) <= MAX_SECRET_BYTES and (chunk := os.read(fd, 8192)):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET_BYTES:
+        raise ValueError("more than a secret handed over at start")
+    return data.decode()
 
 
 def describe_exit(code: int) -> str:
@@ -138,15 +192,16 @@ class Supervisor:
         child.liveness.touch()
         child.spawn_mark = child.liveness.stat().st_mtime
         child.worker_id = str(uuid.uuid4())
-        env = {
-            **os.environ,
-            **self.env,
-            LIVENESS_ENV: str(child.liveness),
-            "WORKER_CHILD_SLOT": str(child.slot),
-            WORKER_ID_ENV: child.worker_id,
-            PARENT_PID_ENV: str(os.getpid()),
-            PARENT_SIGNAL_ENV: "SIGKILL",
-        }
+        env = child_environ(
+            {
+                **self.env,
+                LIVENESS_ENV: str(child.liveness),
+                "WORKER_CHILD_SLOT": str(child.slot),
+                WORKER_ID_ENV: child.worker_id,
+                PARENT_PID_ENV: str(os.getpid()),
+                PARENT_SIGNAL_ENV: "SIGKILL",
+            }
+        )
         # A new process group keeps a terminal's Ctrl-C from reaching the children directly:
         # the supervisor decides when and how they stop.
         child.proc = subprocess.Popen(self.argv, env=env, start_new_session=True)

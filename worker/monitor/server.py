@@ -5,30 +5,27 @@ One server per machine (the supervisor's, or the single worker process's). Every
 comes from the cached read model (``readmodel.Database``) and the registry of ``collector``; the
 console (``console.app``) has its own connections for job pages and actions.
 Connections are handled by ``httpd.BoundedServer``: idle and slow clients cost no thread, and
-/healthz is answered on its loop, so it never waits for the database or a busy thread.
+/healthz is answered on its loop, so it never waits for the database or a busy thread; each
+request by ``handler.Handler``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import io
 import logging
 import os
 import shutil
 import threading
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ConfigError
 from ..tasks.registry import registry
-from .console.app import HEADERS as CONSOLE_HEADERS
 from .console.app import Console
 from .console.auth import ConsoleAuth
 from .console.data import ConsoleData
-from .httpd import SECURITY_HEADERS, BoundedServer, response
+from .handler import Handler, healthz
+from .hosts import HostCheck, HostError
+from .httpd import BoundedServer
 from .metrics.collector import build_registry, child_exited, prepare_multiprocess_dir
 from .metrics.instruments import (
     COUNT_CAP_ENV,
@@ -40,172 +37,9 @@ from .metrics.instruments import (
     instruments,
 )
 from .metrics.journal import journal_paths, settle
-from .page.render import render_page
 from .readmodel import Database
 
 log = logging.getLogger("worker.metrics")
-
-# -- HTTP ------------------------------------------------------------------------------------------
-
-
-HEALTHZ = b"ok\n"
-
-
-def healthz(head: bytes) -> bytes | None:
-    """/healthz, answered on the server's loop: the process is alive when its loop is."""
-    method, _, rest = head.partition(b" ")
-    target = rest.partition(b" ")[0]
-    if method in (b"GET", b"HEAD") and urlsplit(target.decode("latin-1")).path == "/healthz":
-        plain = "text/plain; charset=utf-8"
-        return response(HTTPStatus.OK, HEALTHZ, plain, head=method == b"HEAD")
-    return None
-
-
-def _page_number(query: str) -> int:
-    try:
-        return int(parse_qs(query).get("queues_page", ["1"])[0])
-    except ValueError:
-        return 1
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """One request, whose head ``BoundedServer`` has read: the response is written to memory and
-    sent with one ``sendall`` (bounded by the socket's timeout), then the connection closes."""
-
-    server_version = "worker-metrics"
-    default_request_version = "HTTP/1.0"  # never answer in HTTP/0.9, which has no headers
-    protocol_version = "HTTP/1.1"
-    db: Database
-    registry: Any
-    console: Console
-
-    def setup(self) -> None:
-        self.connection, head = self.request
-        self.rfile = io.BytesIO(head)
-        self.wfile = io.BytesIO()
-
-    def finish(self) -> None:
-        with contextlib.suppress(OSError):
-            self.connection.sendall(self.wfile.getvalue())
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Errors the request parser finds (400, 414, 501, 505) as short text, with the same
-        headers as every other response (the default is an HTML page without them)."""
-        status = HTTPStatus(code)
-        body = f"{status.value} {message or status.phrase}\n".encode("utf-8", "replace")
-        head = getattr(self, "command", "") == "HEAD"
-        self._send(status, body, "text/plain; charset=utf-8", head)
-
-    def do_HEAD(self) -> None:
-        self._route(head=True)
-
-    def do_GET(self) -> None:
-        self._route(head=False)
-
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path
-        if not _is_console(path):
-            self.send_error(HTTPStatus.NOT_IMPLEMENTED, "Unsupported method ('POST')")
-            return
-        try:
-            body = self.rfile.read()  # the loop read exactly the announced length, bounded
-            address = str(self.client_address[0]) if self.client_address else "?"
-            self._answer(self.console.post(path, body, self.headers, address), head=False)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except Exception:
-            log.exception("console: POST %s failed", path[:100])
-            with contextlib.suppress(Exception):
-                self._send(
-                    HTTPStatus.INTERNAL_SERVER_ERROR,
-                    b"internal error (see the worker's log)\n",
-                    "text/plain; charset=utf-8",
-                    False,
-                    CONSOLE_HEADERS,
-                )
-
-    def _answer(self, r: Any, *, head: bool) -> None:
-        self._send(r.status, r.body, r.content_type, head, CONSOLE_HEADERS, r.headers)
-
-    def _route(self, *, head: bool) -> None:
-        url = urlsplit(self.path)
-        path = url.path
-        try:
-            if path == "/metrics":
-                self._metrics(head)
-            elif path == "/healthz":  # normally answered by healthz() on the loop
-                self._send(HTTPStatus.OK, HEALTHZ, "text/plain; charset=utf-8", head)
-            elif path == "/readyz":
-                ok, why = self.db.ready()
-                status = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
-                self._send(status, f"{why}\n".encode(), "text/plain; charset=utf-8", head)
-            elif _is_console(path):
-                self._answer(self.console.get(path, url.query, self.headers), head=head)
-            elif path in ("/", "/index.html"):
-                page = self.db.page()
-                body = render_page(
-                    page,
-                    schema=self.db.schema,
-                    dsn=self.db.display_dsn,
-                    expected_version=self.db.expected_version,
-                    ttl=self.db.ttl,
-                    queues_page=_page_number(url.query),
-                )
-                status = HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
-                self._send(status, body.encode(), "text/html; charset=utf-8", head)
-            else:
-                self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8", head)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except Exception:
-            log.exception("metrics server: %s failed", path)
-            with contextlib.suppress(Exception):
-                self._send(
-                    HTTPStatus.INTERNAL_SERVER_ERROR,
-                    b"internal error (see the worker's log)\n",
-                    "text/plain; charset=utf-8",
-                    head,
-                )
-
-    def _metrics(self, head: bool) -> None:
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        body = encoder(self.registry)
-        self._send(HTTPStatus.OK, body, content_type, head)
-
-    def _send(
-        self,
-        status: HTTPStatus,
-        body: bytes,
-        content_type: str,
-        head: bool,
-        security: tuple[tuple[str, str], ...] = SECURITY_HEADERS,
-        extra: list[tuple[str, str]] | None = None,
-    ) -> None:
-        encoding = None
-        headers = getattr(self, "headers", None)  # None when the request did not parse
-        if len(body) > 1024 and headers and "gzip" in headers.get("Accept-Encoding", ""):
-            body = gzip.compress(body, compresslevel=5)
-            encoding = "gzip"
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        for name, value in (*security, *(extra or ())):
-            self.send_header(name, value)
-        if encoding:
-            self.send_header("Content-Encoding", encoding)
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-
-
-def _is_console(path: str) -> bool:
-    return path == "/console" or path.startswith("/console/")
 
 
 class WebServer:
@@ -219,9 +53,18 @@ class WebServer:
         db: Database,
         registry: Any,
         console: Console,
+        hosts: Sequence[str] = (),
         **limits: Any,
     ) -> None:
-        handler = type("Handler", (_Handler,), {"db": db, "registry": registry, "console": console})
+        try:
+            HostCheck(host, port, hosts, machine=(set(), set()))  # a bad name, before binding
+        except HostError as exc:
+            raise ConfigError(f"--console-host: {exc}") from None
+        handler = type(
+            "Handler",
+            (Handler,),
+            {"db": db, "registry": registry, "console": console, "refused_hosts": set()},
+        )
         try:
             self.httpd = BoundedServer((host, port), handler, inline=healthz, **limits)
         except OSError as exc:
@@ -231,6 +74,7 @@ class WebServer:
             ) from None
         self.host = host
         self.port = int(self.httpd.server_address[1])
+        handler.hosts = HostCheck(host, self.port, hosts)
         self.thread = threading.Thread(
             target=self.httpd.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -242,6 +86,11 @@ class WebServer:
             "serving /metrics, /healthz, /readyz, the status page and the console (%s) on %s",
             "actions on" if console.auth.enabled else "read-only",
             self.url,
+        )
+        log.info(
+            "the status page and the console answer requests for Host %s only (more with "
+            "--console-host); /metrics, /healthz and /readyz for any",
+            handler.hosts.describe(),
         )
 
     @property
@@ -345,6 +194,7 @@ def serve(
     count_cap: int | None = None,
     console_token: str | None = None,
     console_refresh: float = 5.0,
+    console_hosts: Sequence[str] = (),
     **limits: Any,
 ) -> MetricsServer:
     """Serve /metrics, /healthz, /readyz, the status page at ``/`` and the console under
@@ -354,8 +204,9 @@ def serve(
     first child starts, so that they inherit a fresh PROMETHEUS_MULTIPROC_DIR.
     ``console_token``: the token that turns the console's actions on (None: read-only; see
     ``console.auth.checked_token``); ``console_refresh``: seconds between the console's
-    auto-refreshes. ``limits``: ``BoundedServer``'s (threads, max_connections, request_timeout,
-    max_head, max_body).
+    auto-refreshes; ``console_hosts``: host names the page and the console answer besides the
+    server's own (see ``hosts.HostCheck``). ``limits``: ``BoundedServer``'s (threads,
+    max_connections, request_timeout, max_head, max_body).
     """
     db = Database(
         dsn,
@@ -373,7 +224,9 @@ def serve(
     )
     try:
         registry = build_registry(db, multiprocess_dir=path)
-        web = WebServer(host, port, db=db, registry=registry, console=console, **limits)
+        web = WebServer(
+            host, port, db=db, registry=registry, console=console, hosts=console_hosts, **limits
+        )
     except BaseException:
         console.close()
         db.close()

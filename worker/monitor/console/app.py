@@ -11,10 +11,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from http import HTTPStatus
-from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode
 
@@ -30,50 +29,20 @@ from . import views as console_views
 from .auth import ConsoleAuth, Session, clear_cookie, csrf_ok, same_origin, set_cookie
 from .data import ConsoleData, first_line
 from .filter import parse_filter
+from .responses import HEADERS, Response, attachment, redirect, static_files
+from .throttle import retry_after
 from .views import Frame
 
 log = logging.getLogger("worker.console")
 
 T = TypeVar("T")
 
-# Scripts and styles only from the console's own files; forms post only to this server.
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-)
-HEADERS = (
-    ("Cache-Control", "no-store"),
-    ("X-Content-Type-Options", "nosniff"),
-    ("Content-Security-Policy", CSP),
-    ("X-Frame-Options", "DENY"),
-    # Not no-referrer: with it, browsers send "Origin: null" on a POST, and the same-origin check
-    # could not tell our own forms from anyone else's.
-    ("Referrer-Policy", "same-origin"),
-)
-HTML = "text/html; charset=utf-8"
-STATIC = {
-    "/console/static/console.css": ("console.css", "text/css; charset=utf-8"),
-    "/console/static/console.js": ("console.js", "text/javascript; charset=utf-8"),
-}
 MAX_FORM_FIELDS = 20
+RETRY = ("Retry-After", "5")
 _TASK_ACTION = re.compile(r"/console/jobs/([0-9]{1,19})/(retry|cancel|delete)")
 _TASK_PAGE = re.compile(r"/console/jobs/([0-9]{1,19})")
-
-
-@dataclass
-class Response:
-    status: HTTPStatus
-    body: bytes
-    content_type: str = HTML
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
-def _static(name: str) -> bytes:
-    return (resources.files("worker.monitor") / "static" / name).read_bytes()
-
-
-def _redirect(location: str, *headers: tuple[str, str]) -> Response:
-    return Response(HTTPStatus.SEE_OTHER, b"", headers=[("Location", location), *headers])
+_DOWNLOAD = re.compile(r"/console/jobs/([0-9]{1,19})/(payload|result|errors)\.json")
+DOWNLOADS = 2  # downloads read from the database or sent at the same time, at most
 
 
 def _first(form: Mapping[str, list[str]], key: str) -> str:
@@ -89,7 +58,8 @@ class Console:
         self.auth = auth
         self.refresh = refresh
         self.schema = db.schema
-        self._files = {path: (_static(name), kind) for path, (name, kind) in STATIC.items()}
+        self._files = static_files()
+        self._downloads = threading.BoundedSemaphore(DOWNLOADS)
 
     def close(self) -> None:
         self.data.close()
@@ -149,6 +119,8 @@ class Console:
             return self._html(console_jobs.browser(frame, f, page, notes, cursor), status)
         if path == "/console/jobs/bulk":
             return self._bulk_page(params, frame)
+        if match := _DOWNLOAD.fullmatch(path):
+            return self._download(frame, int(match.group(1)), match.group(2))
         if match := _TASK_PAGE.fullmatch(path):
             task_id = int(match.group(1))
             task = self.data.task(task_id) if task_id < 2**63 else None
@@ -169,6 +141,26 @@ class Console:
             console_views.message(frame, "Not found", "No such console page."),
             HTTPStatus.NOT_FOUND,
         )
+
+    def _download(self, frame: Frame, task_id: int, what: str) -> Response:
+        """The whole payload, result or error history of a task, as a JSON file, read like its
+        page (no sign-in), sent as it is read (the server closes the file)."""
+        if not self._downloads.acquire(blocking=False):
+            text = "other downloads are being sent: try again in a moment"
+            page = console_views.message(frame, "Busy", text)
+            return Response(HTTPStatus.SERVICE_UNAVAILABLE, page.encode(), headers=[RETRY])
+        try:
+            found = self.data.download(task_id, what) if task_id < 2**63 else None
+        except BaseException:
+            self._downloads.release()
+            raise
+        if found is None:
+            self._downloads.release()
+            text = f"Task {task_id} has no {what} (or is gone)."
+            page = console_views.message(frame, "Not found", text)
+            return self._html(page, HTTPStatus.NOT_FOUND)
+        # The slot is free again once the file is sent and closed.
+        return attachment(f"task-{task_id}-{what}.json", found, self._downloads.release)
 
     def _bulk_page(self, params: Mapping[str, list[str]], frame: Frame) -> Response:
         action = _first(params, "action")
@@ -226,7 +218,7 @@ class Console:
         if path == "/console/logout":
             self.auth.sign_out(session)
             log.info("console: %s signed out (from %s)", clip(session.name, 64), address)
-            return _redirect("/console/", ("Set-Cookie", clear_cookie()))
+            return redirect("/console/", ("Set-Cookie", clear_cookie()))
         who = (session.name, address)
         if match := _TASK_ACTION.fullmatch(path):
             return self._task_action(session, who, int(match.group(1)), match.group(2))
@@ -242,13 +234,23 @@ class Console:
         return self._html(console_views.message(frame, "Refused", text), status)
 
     def _sign_in(self, form: Mapping[str, list[str]], address: str) -> Response:
-        session = self.auth.sign_in(_first(form, "token"), _first(form, "name"))
+        # Failures are logged by the throttle: a few lines per burst, not one per attempt.
+        outcome = self.auth.sign_in(_first(form, "token"), _first(form, "name"), address)
+        session = outcome.session
         if session is None:
-            log.warning("console: failed sign-in from %s (wrong token)", address)
-            page = console_views.sign_in(self._frame(None), "Wrong token.")
-            return self._html(page, HTTPStatus.FORBIDDEN)
+            text = "Wrong token." if outcome.checked else ""
+            if not outcome.retry_after:
+                return self._html(
+                    console_views.sign_in(self._frame(None), text), HTTPStatus.FORBIDDEN
+                )
+            wait = retry_after(outcome.retry_after)
+            text += f" Too many failed sign-ins from your address: try again in {wait} s."
+            page = console_views.sign_in(self._frame(None), text.strip())
+            return Response(
+                HTTPStatus.TOO_MANY_REQUESTS, page.encode(), headers=[("Retry-After", wait)]
+            )
         log.info("console: %s signed in from %s", clip(session.name, 64), address)
-        return _redirect("/console/", ("Set-Cookie", set_cookie(session)))
+        return redirect("/console/", ("Set-Cookie", set_cookie(session)))
 
     def _act(
         self,
@@ -288,7 +290,7 @@ class Console:
         self, session: Session, who: tuple[str, str], task_id: int, verb: str
     ) -> Response:
         if task_id >= 2**63:
-            return _redirect("/console/jobs")
+            return redirect("/console/jobs")
         fn = self._actions(who[0])[verb]
         outcome = self._act(
             session,
@@ -314,8 +316,8 @@ class Console:
                 states = ", ".join(console_jobs.BULK[verb][1])
                 session.flash.append(f"task {task_id} not {past}: it is gone or no longer {states}")
         if verb == "delete" and outcome is not None and outcome.changed:
-            return _redirect("/console/jobs")
-        return _redirect(f"/console/jobs/{task_id}")
+            return redirect("/console/jobs")
+        return redirect(f"/console/jobs/{task_id}")
 
     def _bulk(
         self, session: Session, who: tuple[str, str], form: Mapping[str, list[str]]
@@ -325,13 +327,13 @@ class Console:
         back = "/console/jobs?" + urlencode(f.fields())
         if action not in console_jobs.BULK or f.empty or f.id is not None:
             session.flash.append("bulk action refused: it needs an action and a filter")
-            return _redirect(back)
+            return redirect(back)
         states = console_jobs.BULK[action][1]
         try:
             found, more = self.data.matching(f, limit=actions.MAX_IDS)
         except psycopg.Error as exc:
             session.flash.append(f"{action} failed: {scrub(first_line(exc))}")
-            return _redirect(back)
+            return redirect(back)
         ids = [task_id for task_id, state in found if state in states]
         fn = self._actions(who[0])[action]
         target = {"filter": f.fields(), "matched": len(found)}
@@ -347,7 +349,7 @@ class Console:
             if more:
                 text += "; more may match: run it again"
             session.flash.append(text)
-        return _redirect(back)
+        return redirect(back)
 
     @staticmethod
     def _actions(actor: str) -> dict[str, Callable[[psycopg.Connection, str, list[int]], Any]]:
@@ -363,7 +365,7 @@ class Console:
     ) -> Response:
         if not 1 <= len(queue) <= _pause.MAX_QUEUE_CHARS:
             session.flash.append(f"{verb} refused: a queue name is 1 to 255 characters")
-            return _redirect("/console/queues")
+            return redirect("/console/queues")
         if verb == "pause":
             fn: Callable[[psycopg.Connection], bool] = lambda conn: _pause.pause(  # noqa: E731
                 conn, self.schema, queue, session.name
@@ -378,7 +380,7 @@ class Console:
             else:
                 done = "resumed" if outcome.changed else "was not paused"
             session.flash.append(f"queue {shown} {done}")
-        return _redirect("/console/queues")
+        return redirect("/console/queues")
 
 
 def _page_number(params: Mapping[str, list[str]]) -> int:
@@ -392,4 +394,4 @@ def _status(page: Any) -> HTTPStatus:
     return HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
 
 
-__all__ = ["CSP", "HEADERS", "Console", "Response"]
+__all__ = ["HEADERS", "Console", "Response"]

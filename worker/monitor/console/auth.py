@@ -8,6 +8,9 @@ name they gave and a CSRF token of its own, which every form of the session repe
 accepted only from a signed-in session, with that session's CSRF token, and from a page of this
 very server (its Origin header names the Host it was sent to).
 
+Sign-ins are throttled per client address (``throttle``): after five failures in a minute the
+address is locked, and even the right token is refused from it until the lock ends.
+
 The token itself is only ever compared (``hmac.compare_digest``): it is never stored in a session,
 written to a page, a log line or a cookie.
 """
@@ -24,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import urlsplit
+
+from .throttle import SignInThrottle
 
 COOKIE = "worker_console"
 COOKIE_PATH = "/console"
@@ -65,6 +70,16 @@ def operator_name(text: str) -> str:
 
 
 @dataclass
+class SignIn:
+    """What a sign-in came to: a session, or none (a wrong token), or a lock on the address
+    (``retry_after`` seconds, the token not even compared)."""
+
+    session: Session | None = None
+    retry_after: float = 0.0
+    checked: bool = False  # the token was compared (and, without a session, was wrong)
+
+
+@dataclass
 class Session:
     id: str
     name: str
@@ -79,23 +94,28 @@ class Session:
 class ConsoleAuth:
     """The console's token and its signed-in sessions (in memory: a restart signs everyone out)."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, throttle: SignInThrottle | None = None) -> None:
         self._token = token.encode() if token else None
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
+        self.throttle = throttle or SignInThrottle()
 
     @property
     def enabled(self) -> bool:
         """Whether actions are possible at all (a token was configured)."""
         return self._token is not None
 
-    def sign_in(self, token: str, name: str) -> Session | None:
-        """A new session when ``token`` is the configured one, else None."""
+    def sign_in(self, token: str, name: str, address: str) -> SignIn:
+        """A new session when ``token`` is the configured one and ``address`` is not locked."""
         if self._token is None:
-            return None
+            return SignIn()
+        wait = self.throttle.locked(address)
+        if wait > 0:
+            return SignIn(retry_after=wait)
         given = token.strip().encode("utf-8", "replace")
         if not hmac.compare_digest(given, self._token):
-            return None
+            return SignIn(retry_after=self.throttle.failed(address), checked=True)
+        self.throttle.succeeded(address)
         session = Session(
             secrets.token_urlsafe(32), operator_name(name), secrets.token_urlsafe(32), time.time()
         )
@@ -103,7 +123,7 @@ class ConsoleAuth:
             self._sessions[session.id] = session
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
-        return session
+        return SignIn(session, checked=True)
 
     def session(self, headers: Mapping[str, str] | None) -> Session | None:
         """The live session named by the request's cookie, if any."""
@@ -168,6 +188,7 @@ __all__ = [
     "COOKIE",
     "ConsoleAuth",
     "Session",
+    "SignIn",
     "TokenError",
     "checked_token",
     "clear_cookie",

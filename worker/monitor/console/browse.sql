@@ -1,13 +1,19 @@
 -- The console's job browser, one task, and throughput.
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
+-- A value larger than %(stored)s bytes as stored (pg_column_size, read without loading it) is
+-- never turned into text for a page: that would load and convert all of it for a few lines.
+-- left() of a text column reads only the start of it; octet_length() only its header.
 
 -- name: browse_any
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
        w.run_at, w.created_at, w.started_at, w.finished_at,
-       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
-       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+       left(w.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(w.last_error) <= %(stored)s
+            THEN char_length(w.last_error) ELSE octet_length(w.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(w.payload) <= %(stored)s
+            THEN left(w.payload::text, %(chars)s) END AS payload, w.hit, w.n
   FROM (
     SELECT s.*,
            (%(task)s::text IS NULL OR s.task = %(task)s)
@@ -28,8 +34,11 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
        w.run_at, w.created_at, w.started_at, w.finished_at,
-       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
-       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+       left(w.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(w.last_error) <= %(stored)s
+            THEN char_length(w.last_error) ELSE octet_length(w.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(w.payload) <= %(stored)s
+            THEN left(w.payload::text, %(chars)s) END AS payload, w.hit, w.n
   FROM (
     SELECT s.*,
            (%(task)s::text IS NULL OR s.task = %(task)s)
@@ -51,8 +60,11 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
        w.run_at, w.created_at, w.started_at, w.finished_at,
-       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
-       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+       left(w.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(w.last_error) <= %(stored)s
+            THEN char_length(w.last_error) ELSE octet_length(w.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(w.payload) <= %(stored)s
+            THEN left(w.payload::text, %(chars)s) END AS payload, w.hit, w.n
   FROM (
     SELECT s.*,
            (%(task)s::text IS NULL OR s.task = %(task)s)
@@ -77,8 +89,11 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
        w.run_at, w.created_at, w.started_at, w.finished_at,
-       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
-       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+       left(w.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(w.last_error) <= %(stored)s
+            THEN char_length(w.last_error) ELSE octet_length(w.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(w.payload) <= %(stored)s
+            THEN left(w.payload::text, %(chars)s) END AS payload, w.hit, w.n
   FROM (
     SELECT s.*,
            (%(task)s::text IS NULL OR s.task = %(task)s)
@@ -101,8 +116,11 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
        w.run_at, w.created_at, w.started_at, w.finished_at,
-       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
-       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+       left(w.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(w.last_error) <= %(stored)s
+            THEN char_length(w.last_error) ELSE octet_length(w.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(w.payload) <= %(stored)s
+            THEN left(w.payload::text, %(chars)s) END AS payload, w.hit, w.n
   FROM (
     SELECT s.*,
            s.state::text = %(state)s
@@ -134,8 +152,11 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
        w.run_at, w.created_at, w.started_at, w.finished_at,
-       left(w.last_error, %(chars)s) AS last_error, char_length(w.last_error) AS last_error_length,
-       left(w.payload::text, %(chars)s) AS payload, w.hit, w.n
+       left(w.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(w.last_error) <= %(stored)s
+            THEN char_length(w.last_error) ELSE octet_length(w.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(w.payload) <= %(stored)s
+            THEN left(w.payload::text, %(chars)s) END AS payload, w.hit, w.n
   FROM (
     SELECT s.*,
            (%(task)s::text IS NULL OR s.task = %(task)s)
@@ -167,8 +188,11 @@ SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, 255) AS task, char_length(t.task) AS task_length, t.state::text AS state,
        t.priority, t.attempts, t.max_attempts,
        t.run_at, t.created_at, t.started_at, t.finished_at,
-       left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length,
-       left(t.payload::text, %(chars)s) AS payload, true AS hit, 1::bigint AS n
+       left(t.last_error, %(chars)s) AS last_error, CASE WHEN pg_column_size(t.last_error) <= %(stored)s
+            THEN char_length(t.last_error) ELSE octet_length(t.last_error) END
+         AS last_error_length,
+       CASE WHEN pg_column_size(t.payload) <= %(stored)s
+            THEN left(t.payload::text, %(chars)s) END AS payload, true AS hit, 1::bigint AS n
   FROM {schema}.tasks AS t
  WHERE t.id = %(id)s
    AND (%(state)s::text IS NULL OR t.state::text = %(state)s)
@@ -203,9 +227,10 @@ SELECT m.minute,
 SELECT date_trunc('minute', now()) AS minute;
 
 -- name: console_task
--- One task in full for its page: names and keys cut to %(name_chars)s characters, the error and
--- the payload to %(chars)s (each with its full length), the worker that holds or last held it,
--- and how long its lease has left.
+-- One task for its page: names and keys cut to %(name_chars)s characters; the last error cut to
+-- %(chars)s characters; the payload, the result and the error history as text cut to %(chars)s
+-- characters (pretty when small) with their sizes as JSON, or, stored larger than %(stored)s
+-- bytes, only their stored sizes; the worker that holds or last held it, and its lease.
 SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_length,
        t.state::text AS state, t.priority, t.attempts, t.max_attempts, t.handed_back,
@@ -218,8 +243,16 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
        t.cron_at, t.cancel_requested_at, left(t.cancelled_by, %(name_chars)s) AS cancelled_by,
        t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
        w.heartbeat_at AS worker_heartbeat_at, w.stopped_at AS worker_stopped_at,
-       left(t.last_error, %(chars)s) AS last_error, char_length(t.last_error) AS last_error_length,
-       left(p.text, %(chars)s) AS payload, char_length(p.text) AS payload_length,
+       left(t.last_error, %(chars)s) AS last_error, octet_length(t.last_error) AS last_error_bytes,
+       CASE WHEN pg_column_size(t.last_error) <= %(stored)s THEN char_length(t.last_error) END
+         AS last_error_length,
+       left(CASE WHEN octet_length(j.payload) <= %(pretty)s THEN jsonb_pretty(t.payload)
+                 ELSE j.payload END, %(chars)s) AS payload,
+       octet_length(j.payload) AS payload_bytes, pg_column_size(t.payload) AS payload_stored,
+       left(CASE WHEN octet_length(j.result) <= %(pretty)s THEN jsonb_pretty(t.result)
+                 ELSE j.result END, %(chars)s) AS result,
+       octet_length(j.result) AS result_bytes, pg_column_size(t.result) AS result_stored,
+       octet_length(j.errors) AS errors_bytes, pg_column_size(t.errors) AS errors_stored,
        -- The error history (schema/0008), newest first: the last ten entries, each error cut to
        -- 4,000 characters. Anything a producer could have written there by SQL (not an array,
        -- entries that are not objects, a million of them) reads as what it holds, bounded.
@@ -228,13 +261,40 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
                     'worker_id', e.value->'worker_id',
                     'error', left(e.value->>'error', 4000)) ORDER BY e.n DESC), '[]')
           FROM (SELECT x.value, x.n
-                  FROM jsonb_array_elements(CASE WHEN jsonb_typeof(t.errors) = 'array'
+                  FROM jsonb_array_elements(CASE WHEN j.errors IS NULL THEN '[]'
+                                                 WHEN jsonb_typeof(t.errors) = 'array'
                                                  THEN t.errors ELSE '[]' END)
                        WITH ORDINALITY AS x(value, n)
                  ORDER BY x.n DESC
                  LIMIT 10) AS e)
            AS errors
   FROM {schema}.tasks AS t
- CROSS JOIN LATERAL (SELECT jsonb_pretty(t.payload) AS text) AS p
+ -- Each value as text once (OFFSET 0 keeps it from being computed again for each use), and only
+ -- when it is small enough as stored.
+ CROSS JOIN LATERAL (
+       SELECT CASE WHEN pg_column_size(t.payload) <= %(stored)s THEN t.payload::text END AS payload,
+              CASE WHEN pg_column_size(t.result) <= %(stored)s THEN t.result::text END AS result,
+              CASE WHEN pg_column_size(t.errors) <= %(stored)s THEN t.errors::text END AS errors
+       OFFSET 0) AS j
   LEFT JOIN {schema}.workers AS w ON w.id = t.worker_id
  WHERE t.id = %(id)s;
+
+-- name: console_download_exists
+-- Whether the task has the value (payload, result or errors) a download asks for.
+SELECT CASE %(what)s WHEN 'payload' THEN t.payload IS NOT NULL
+                     WHEN 'result' THEN t.result IS NOT NULL
+                     ELSE t.errors IS NOT NULL END
+  FROM {schema}.tasks AS t
+ WHERE t.id = %(id)s;
+
+-- name: console_download
+-- The value as JSON text in UTF-8, in chunks of %(chunk)s bytes, first to last: converted once
+-- (OFFSET 0), then cut without copying the rest.
+SELECT g AS n, substring(d.data FROM g * %(chunk)s + 1 FOR %(chunk)s) AS chunk
+  FROM (SELECT convert_to(CASE %(what)s WHEN 'payload' THEN t.payload::text
+                                        WHEN 'result' THEN t.result::text
+                                        ELSE t.errors::text END, 'UTF8') AS data
+          FROM {schema}.tasks AS t
+         WHERE t.id = %(id)s
+        OFFSET 0) AS d
+ CROSS JOIN LATERAL generate_series(0, (octet_length(d.data) - 1) / %(chunk)s) AS g;

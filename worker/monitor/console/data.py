@@ -11,6 +11,7 @@ settled minute and kept (see ``Throughput``).
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -46,8 +47,15 @@ LOAN_SECONDS = 2.0
 BULK_SCAN_ROWS = 500_000  # rows a bulk action walks at most to find its tasks
 STATEMENT_TIMEOUT_MS = 5000
 ROW_CHARS = 200  # error and payload on a row of the browser
-DETAIL_CHARS = 65_536  # error and payload on a task's page
+DETAIL_CHARS = 65_536  # error, payload, result and error history on a task's page
 DETAIL_NAME_CHARS = 1000
+# A value stored larger than this (compressed, as pg_column_size says) is not read for a page at
+# all: turning 50 MB of jsonb into text takes PostgreSQL a quarter of a second each time. Its
+# download streams it whole.
+STORED_BYTES = 256 * 1024
+PRETTY_BYTES = 4096  # JSON up to this size is shown indented (jsonb_pretty)
+DOWNLOAD_CHUNK = 1024 * 1024  # bytes a download reads from the database at a time
+DOWNLOAD_MEMORY = 1024 * 1024  # bytes of a download held in memory; more wait in a file
 MINUTES = 60  # the throughput's window
 MINUTE_CAP = 100_000  # rows counted per minute and outcome at most
 SETTLE_SECONDS = 120  # a minute this long over is counted once and kept
@@ -109,6 +117,7 @@ def browse_statement(
     parameters: at most ``limit`` rows from a walk of at most ``scan``."""
     params: dict[str, Any] = {
         "chars": chars,
+        "stored": STORED_BYTES,
         "queue": f.queue,
         "task": f.task,
         "state": f.state,
@@ -228,8 +237,43 @@ class ConsoleData:
             with conn.cursor(row_factory=dict_row) as cur:
                 return cur.execute(
                     self.q["console_task"],
-                    {"id": task_id, "chars": DETAIL_CHARS, "name_chars": DETAIL_NAME_CHARS},
+                    {
+                        "id": task_id,
+                        "chars": DETAIL_CHARS,
+                        "name_chars": DETAIL_NAME_CHARS,
+                        "stored": STORED_BYTES,
+                        "pretty": PRETTY_BYTES,
+                    },
                 ).fetchone()
+
+        return self._run(read)
+
+    def download(self, task_id: int, what: str) -> IO[bytes] | None:
+        """The task's ``what`` (payload, result or errors) as JSON text in UTF-8, in a file
+        positioned at its start (in memory up to DOWNLOAD_MEMORY bytes, on disk beyond), or None
+        when the task or the value is not there. Read from the database in chunks and at once,
+        so that a slow client holds neither a connection nor a transaction open."""
+
+        def read(conn: psycopg.Connection) -> IO[bytes] | None:
+            params = {"id": task_id, "what": what, "chunk": DOWNLOAD_CHUNK}
+            there = conn.execute(self.q["console_download_exists"], params).fetchone()
+            if not there or not there[0]:
+                return None
+            # Closed by whoever sends it (or below, when reading fails).
+            out = tempfile.SpooledTemporaryFile(max_size=DOWNLOAD_MEMORY)  # noqa: SIM115
+            try:
+                with conn.cursor(name="console_download") as cur:
+                    cur.itersize = 4
+                    cur.execute(self.q["console_download"], params)
+                    for expected, (n, chunk) in enumerate(cur):
+                        if n != expected:
+                            raise psycopg.DataError("the download's chunks came out of order")
+                        out.write(chunk)
+                out.seek(0)
+                return out
+            except BaseException:
+                out.close()
+                raise
 
         return self._run(read)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..page.markup import age, esc, num, table, when
-from .data import PAGE_ROWS, SCAN_ROWS, STATEMENT_TIMEOUT_MS, Page
+from .data import DETAIL_CHARS, PAGE_ROWS, SCAN_ROWS, STATEMENT_TIMEOUT_MS, Page
 from .filter import STATES, Filter
 from .views import Frame, jobs_link, layout, task_link
 
@@ -44,6 +44,8 @@ def _filter_form(f: Filter) -> str:
 def _row(r: dict[str, Any]) -> str:
     when_col = r["finished_at"] or r["run_at"]
     text = r["last_error"] or r["payload"] or ""
+    if not r["last_error"] and r["payload"] is None:
+        text = "(payload too large to show here)"
     length = r["last_error_length"] if r["last_error"] else None
     first_line = text.split("\n", 1)[0]
     return (
@@ -171,12 +173,15 @@ def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
         return layout(frame, "jobs", f"Task {task_id}", body)
     fields = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in _fields(task))
     error = task["last_error"]
-    err_html = (
-        f'<pre id="last-error">{esc(error, len(error), length=task["last_error_length"])}</pre>'
-        if error
-        else '<p class="note">No error recorded.</p>'
-    )
-    payload = esc(task["payload"], len(task["payload"] or ""), length=task["payload_length"])
+    err_html = '<p class="note">No error recorded.</p>'
+    if error and task["last_error_length"] is not None:
+        shown = esc(error, len(error), length=task["last_error_length"])
+        err_html = f'<pre id="last-error">{shown}</pre>'
+    elif error:
+        err_html = (
+            f'<pre id="last-error">{esc(error, len(error))}</pre><p class="note">The first '
+            f"{num(len(error))} characters of {size(task['last_error_bytes'])}.</p>"
+        )
     actions = ""
     if frame.can_act:
         state = task["state"]
@@ -199,14 +204,59 @@ def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
         f"<h2>Task {esc(task['id'])}</h2>{actions}"
         f'<section id="live-task" data-live><table class="fields">{fields}</table>'
         f"<h3>Last error (attempt {esc(task['attempts'])})</h3>{err_html}</section>"
-        f'<h3>Payload</h3><pre id="payload">{payload}</pre>'
-        f"{_history(task.get('errors') or [])}"
+        f"{_value(task, 'payload', 'Payload')}"
+        f"{_value(task, 'result', 'Result') if task['result_stored'] is not None else ''}"
+        f"{_history(task)}"
     )
     return layout(frame, "jobs", f"Task {task['id']}", body)
 
 
-def _history(errors: list[dict[str, Any]]) -> str:
+def size(n: int | None) -> str:
+    """A number of bytes as a person reads it: 950 bytes, 64.0 kB, 52.4 MB."""
+    if n is None:
+        return "-"
+    if n < 1000:
+        return f"{n:,} bytes"
+    if n < 1_000_000:
+        return f"{n / 1000:.1f} kB"
+    return f"{n / 1_000_000:,.1f} MB"
+
+
+def _value(task: dict[str, Any], what: str, title: str) -> str:
+    """The payload or the result: as much as DETAIL_CHARS, how large it is, and its download."""
+    link = (
+        f'<a id="{what}-download" download href="/console/jobs/{int(task["id"])}/{what}.json">'
+        f"{what}.json</a>"
+    )
+    text, length = task[what], task[f"{what}_bytes"]
+    if length is None:
+        note = (
+            f"Too large to show here: {size(task[f'{what}_stored'])} as stored in the database "
+            f"(compressed). Download it whole: {link}."
+        )
+        return f'<h3>{title}</h3><p class="note" id="{what}-note">{note}</p>'
+    note = f"{size(length)} of JSON: {link}"
+    if len(text) >= DETAIL_CHARS:
+        note = (
+            f"Cut: the first {num(len(text))} characters of {size(length)} of JSON. Download it "
+            f"whole: {link}."
+        )
+    return (
+        f'<h3>{title}</h3><pre id="{what}">{esc(text, len(text))}</pre>'
+        f'<p class="note" id="{what}-note">{note}</p>'
+    )
+
+
+def _history(task: dict[str, Any]) -> str:
     """Each recorded attempt's error, newest first (the row keeps the last ten)."""
+    errors = task.get("errors") or []
+    if task["errors_stored"] is not None and task["errors_bytes"] is None:
+        link = f'<a download href="/console/jobs/{int(task["id"])}/errors.json">errors.json</a>'
+        return (
+            f'<h3>Attempts</h3><p class="note" id="errors-note">The error history is too large '
+            f"to show here: {size(task['errors_stored'])} as stored in the database "
+            f"(compressed). Download it whole: {link}.</p>"
+        )
     if not errors:
         return '<h3>Attempts</h3><p class="note">No attempt has failed.</p>'
     rows = "".join(
