@@ -34,12 +34,12 @@ from worker.cli.main import main
 from worker.db.migrate import migrate
 from worker.db.sql import notify_channel, parse_named, statements
 from worker.monitor.console.data import (
-    DETAIL_CHARS,
-    DETAIL_NAME_CHARS,
     MINUTE_CAP,
     PAGE_ROWS,
     SCAN_ROWS,
     browse_statement,
+    download_params,
+    task_params,
 )
 from worker.monitor.console.filter import Filter
 from worker.monitor.metrics.collector import DatabaseCollector
@@ -347,11 +347,14 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
         **_browse(state="failed")(conn, s),
         "id": _one_id(conn, s, "state = 'failed'"),
     },
-    "console_task": lambda conn, s: {
-        "id": _one_id(conn, s, "state = 'failed'"),
-        "chars": DETAIL_CHARS,
-        "name_chars": DETAIL_NAME_CHARS,
-    },
+    "console_task": lambda conn, s: task_params(_one_id(conn, s, "state = 'failed'")),
+    # a failed task's error history, read whole (the page offers it past STORED_BYTES)
+    "console_download_exists": lambda conn, s: download_params(
+        _one_id(conn, s, "state = 'failed'"), "errors"
+    ),
+    "console_download": lambda conn, s: download_params(
+        _one_id(conn, s, "state = 'failed'"), "errors"
+    ),
     "throughput_minutes": _minutes,
     "console_minute": _no_params,
     # store/operator.sql, ops/audit.sql and coord/pause.sql: the console's actions (rolled back)

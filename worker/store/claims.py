@@ -174,6 +174,32 @@ class Taken:
 LOOKAHEAD = 0.5
 
 
+def _params(
+    queues: Sequence[str],
+    limit: int,
+    worker_id: str,
+    lease_seconds: float,
+    cursor: ClaimCursor,
+    handlers: HandlerLimits,
+) -> dict[str, Any]:
+    """The claim statement's parameters: the one place they are built."""
+    positions = [cursor.position(name) for name in queues]
+    # Every array goes as text (see int_array): psycopg's list adaptation, six lists per claim,
+    # was the largest Python cost of a claim at light load, where each claim takes a row or two.
+    return {
+        "queues": text_array(queues),
+        "limit": limit,
+        "worker_id": worker_id,
+        "lease_seconds": lease_seconds,
+        "handler_tasks": handlers.tasks,
+        "handler_max_attempts": handlers.max_attempts,
+        "cursor_priority": int_array(p[0] for p in positions),
+        "floor_run_at": text_array(p[1].isoformat() for p in positions),
+        "floor_id": int_array(p[2] for p in positions),
+        "lookahead": LOOKAHEAD,
+    }
+
+
 def claim_all(
     conn: psycopg.Connection,
     schema: str,
@@ -192,28 +218,16 @@ def claim_all(
     ``max_attempts``: the handlers' settings by task name, for rows whose producer left
     max_attempts to the handler (NULL); rows of other tasks keep NULL (they are handed back).
     """
-    cursor = cursor or ClaimCursor(0)
-    positions = [cursor.position(name) for name in queues]
     handlers = max_attempts if isinstance(max_attempts, HandlerLimits) else None
-    if handlers is None:
-        handlers = HandlerLimits(max_attempts or {})
-    # Every array goes as text (see int_array): psycopg's list adaptation, six lists per claim,
-    # was the largest Python cost of a claim at light load, where each claim takes a row or two.
-    rows = conn.execute(
-        statements(schema)["claim"],
-        {
-            "queues": text_array(queues),
-            "limit": limit,
-            "worker_id": worker_id,
-            "lease_seconds": lease_seconds,
-            "handler_tasks": handlers.tasks,
-            "handler_max_attempts": handlers.max_attempts,
-            "cursor_priority": int_array(p[0] for p in positions),
-            "floor_run_at": text_array(p[1].isoformat() for p in positions),
-            "floor_id": int_array(p[2] for p in positions),
-            "lookahead": LOOKAHEAD,
-        },
-    ).fetchall()
+    params = _params(
+        queues,
+        limit,
+        worker_id,
+        lease_seconds,
+        cursor or ClaimCursor(0),
+        handlers or HandlerLimits(max_attempts or {}),
+    )
+    rows = conn.execute(statements(schema)["claim"], params).fetchall()
     read = time.monotonic()
     taken = Taken([Claimed(*row[:15]) for row in rows if row[0] is not None])
     for c in taken.rows:
@@ -305,18 +319,8 @@ def explain_claim(
 ) -> Any:
     """``prefix`` (an EXPLAIN) of the claim a fresh worker would make of ``queue``, run for real:
     the caller rolls back the transaction it runs in. For ``worker doctor``'s claim probe."""
-    start = ClaimCursor(0).position(queue)  # a fresh worker's: the queue's start
-    params: dict[str, Any] = {
-        "queues": [queue],
-        "limit": limit,
-        "worker_id": str(uuid.uuid4()),  # no worker has it: nothing else is fenced out
-        "lease_seconds": 30.0,
-        "handler_tasks": [],
-        "handler_max_attempts": [],
-        "cursor_priority": [start[0]],
-        "floor_run_at": [start[1]],
-        "floor_id": [start[2]],
-    }
+    # A fresh worker's cursor (the queue's start) and an id no worker has (nothing is fenced out).
+    params = _params([queue], limit, str(uuid.uuid4()), 30.0, ClaimCursor(0), HandlerLimits({}))
     row = conn.execute(prefix + statements(schema)["claim"], params, prepare=False).fetchone()
     assert row is not None
     return row[0]

@@ -55,6 +55,25 @@ DETAIL_NAME_CHARS = 1000
 STORED_BYTES = 256 * 1024
 PRETTY_BYTES = 4096  # JSON up to this size is shown indented (jsonb_pretty)
 DOWNLOAD_CHUNK = 1024 * 1024  # bytes a download reads from the database at a time
+
+
+def task_params(task_id: int) -> dict[str, Any]:
+    """The parameters of console_task, the statement of a task's page."""
+    return {
+        "id": task_id,
+        "chars": DETAIL_CHARS,
+        "name_chars": DETAIL_NAME_CHARS,
+        "stored": STORED_BYTES,
+        "pretty": PRETTY_BYTES,
+    }
+
+
+def download_params(task_id: int, what: str) -> dict[str, Any]:
+    """The parameters of console_download and console_download_exists (``what``: payload,
+    result or errors)."""
+    return {"id": task_id, "what": what, "chunk": DOWNLOAD_CHUNK}
+
+
 DOWNLOAD_MEMORY = 1024 * 1024  # bytes of a download held in memory; more wait in a file
 MINUTES = 60  # the throughput's window
 MINUTE_CAP = 100_000  # rows counted per minute and outcome at most
@@ -235,16 +254,7 @@ class ConsoleData:
     def task(self, task_id: int) -> dict[str, Any] | None:
         def read(conn: psycopg.Connection) -> dict[str, Any] | None:
             with conn.cursor(row_factory=dict_row) as cur:
-                return cur.execute(
-                    self.q["console_task"],
-                    {
-                        "id": task_id,
-                        "chars": DETAIL_CHARS,
-                        "name_chars": DETAIL_NAME_CHARS,
-                        "stored": STORED_BYTES,
-                        "pretty": PRETTY_BYTES,
-                    },
-                ).fetchone()
+                return cur.execute(self.q["console_task"], task_params(task_id)).fetchone()
 
         return self._run(read)
 
@@ -255,7 +265,7 @@ class ConsoleData:
         so that a slow client holds neither a connection nor a transaction open."""
 
         def read(conn: psycopg.Connection) -> IO[bytes] | None:
-            params = {"id": task_id, "what": what, "chunk": DOWNLOAD_CHUNK}
+            params = download_params(task_id, what)
             there = conn.execute(self.q["console_download_exists"], params).fetchone()
             if not there or not there[0]:
                 return None
