@@ -342,7 +342,7 @@ def test_run_otel_without_the_package_is_a_one_line_usage_error(tmp_path: Path) 
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "worker: error: --otel needs OpenTelemetry: pip install 'worker[otel]'"
+        "worker: error: --otel needs OpenTelemetry: pip install 'worker-pg[otel]'"
         " (opentelemetry is missing)"
     ]
 

@@ -185,7 +185,7 @@ def _instrument() -> None:
         otel = importlib.import_module("worker.contrib.otel")
     except ImportError as exc:
         raise CliError(
-            f"--otel needs OpenTelemetry: pip install 'worker[otel]' ({exc.name} is missing)", 2
+            f"--otel needs OpenTelemetry: pip install 'worker-pg[otel]' ({exc.name} is missing)", 2
         ) from None
     otel.instrument()
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing for producers and workers (``pip install 'worker[otel]'``).
+"""OpenTelemetry tracing for producers and workers (``pip install 'worker-pg[otel]'``).
 
 Call ``instrument()`` once per process (or run ``worker run --otel``, or set ``WORKER_OTEL=1``).
 Then, following the OpenTelemetry messaging semantic conventions:
@@ -71,7 +71,7 @@ def instrumented() -> bool:
 
 def _version() -> str:
     try:
-        return version("worker")
+        return version("worker-pg")
     except PackageNotFoundError:
         return "0"
 
