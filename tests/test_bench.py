@@ -168,5 +168,5 @@ def test_the_limited_drains_are_reported_as_ratios_of_the_unlimited_drain(
         # (the rates are rounded to whole tasks per second, the ratio is not)
         assert d["ratio"] == pytest.approx(d["drain_per_s"] / report["drain_per_s"], abs=0.002)
         assert d["all_ratios"] == [d["ratio"]]
-    met = lim["concurrency"]["ratio"] >= 0.7 and lim["rate"]["ratio"] >= 0.7
+    met = lim["concurrency"]["ratio"] >= 0.8 and lim["rate"]["ratio"] >= 0.8
     assert lim["target_met"] is met
