@@ -22,6 +22,7 @@ from ..ops import status as _admin
 from ..ops.status import STATES, status
 from ..tasks import limits as _limits
 from ..tasks.enqueue import enqueue
+from . import exits
 from . import limits as limits_cli
 from .common import (
     CliError,
@@ -295,8 +296,10 @@ def cmd_embedded(args: argparse.Namespace) -> int:
     elif args.action == "start":
         print(server.start())
     else:
-        print(f"{'running' if server.is_running() else 'stopped'}: {data_dir}")
-    return 0
+        running = server.is_running()
+        print(f"{'running' if running else 'stopped'}: {data_dir}")
+        return exits.OK if running else exits.NO  # as `systemctl status`: non-zero when stopped
+    return exits.OK
 
 
 def _warn_attached_workers(dsn: str) -> None:
