@@ -22,6 +22,7 @@ import psycopg
 from ..db import connect as factory
 from ..db.dsn import dsn_source_from_env, parse_dsn, redact, remember_secret, scrub
 from ..db.migrate import require_schema
+from ..db.outage import unreachable
 from ..db.sql import validate_schema_name
 from ..dev.embedded import EmbeddedError, EmbeddedPostgres, default_data_dir
 from ..engine.supervisor import (
@@ -222,20 +223,6 @@ CONSTRAINTS = {
     "locks_holder_not_empty": "a lock holder must not be empty",
     "cron_schedules_key_not_empty": "a cron schedule key must not be empty",
 }
-
-
-# Server states that mean it is going away or not taking connections (shutdowns, start-up).
-_GONE = frozenset({"57P01", "57P02", "57P03"})
-
-
-def unreachable(exc: psycopg.Error) -> bool:
-    """Whether ``exc`` means the connection failed or was lost, rather than a statement refused:
-    an error of libpq itself (no SQLSTATE), a connection exception (class 08), or a server
-    shutting down or starting up."""
-    state = exc.sqlstate
-    if state is None:
-        return isinstance(exc, psycopg.OperationalError)
-    return state.startswith("08") or state in _GONE
 
 
 def database_error(exc: psycopg.Error) -> tuple[str, int]:

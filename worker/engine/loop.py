@@ -42,6 +42,7 @@ from psycopg_pool import ConnectionPool
 from .. import store
 from ..coord import cancel as _cancel
 from ..db.connect import HANDLERS, Backoff, pool
+from ..db.outage import OUTAGE, unreachable
 from ..db.sql import queries
 from ..hooks import Hooks
 from ..tasks import results
@@ -199,17 +200,17 @@ class Worker:
                     self.conn.get()
                 self._touch(now)
                 backoff.reset()
+                OUTAGE.back("claim")
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.conn.close()
                 delay = backoff.next()
                 more = False
                 with self._hooks_lock:
                     self.hooks.db_error(self, exc)
-                log.warning(
-                    "database unavailable (%s); retrying in %.1fs",
-                    str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
-                    delay,
-                )
+                if unreachable(exc):
+                    OUTAGE.lost("claim", exc)
+                else:
+                    log.warning("claim or acknowledgement failed (%s); retrying", _first_line(exc))
                 # Retrying is not stuck: tell the supervisor so (see engine.supervisor), or an
                 # outage longer than its stuck limit gets every worker process killed.
                 self._touch(time.monotonic(), force=True)

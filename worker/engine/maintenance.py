@@ -25,6 +25,7 @@ import psycopg
 from .. import store
 from ..coord.cron import Ticker
 from ..db.connect import MAINTENANCE, Backoff, OwnConnection
+from ..db.outage import OUTAGE, unreachable
 from ..db.sql import Queries
 from .vacuum import Vacuumer
 
@@ -153,11 +154,14 @@ class Maintenance:
                     self.purge()
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
                 backoff.reset()
+                OUTAGE.back("maintenance")
             except Exception as exc:  # never die: a dead maintainer would rescue nothing again
                 self._conn.close()
                 delay = backoff.next()
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if isinstance(exc, psycopg.Error):
+                if unreachable(exc):
+                    OUTAGE.lost("maintenance", exc)
+                elif isinstance(exc, psycopg.Error):
                     log.warning("maintenance failed (%s); retrying in %.1fs", first, delay)
                 else:
                     log.exception("maintenance failed; retrying in %.1fs", delay)
