@@ -21,7 +21,9 @@ from ..ops import bulk as _bulk
 from ..ops import status as _admin
 from ..ops.status import STATES, status
 from ..tasks import limits as _limits
+from ..tasks import routes
 from ..tasks.enqueue import enqueue
+from ..tasks.registry import registry
 from . import exits
 from . import limits as limits_cli
 from .common import (
@@ -29,6 +31,7 @@ from .common import (
     age,
     connect,
     console_token,
+    import_tasks,
     print_json,
     require,
     resolve_dsn,
@@ -64,14 +67,26 @@ def _payload_text(spec: str) -> str:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    declared: dict[str, str] = {}
+    if args.module:
+        import_tasks(args.module)
+        declared = routes.of(registry)
+        if not declared:
+            raise CliError(f"module {args.module!r} registers no task", 2)
     with connect(args) as conn:
         applied = migrate(conn, args.schema)
+        routes.record(conn, args.schema, declared)
     if args.json:
-        print_json({"applied": applied})
-    elif applied:
+        print_json({"applied": applied, "routes": declared})
+        return 0
+    if applied:
         print(f"applied {len(applied)} migration(s) to schema {args.schema}: {', '.join(applied)}")
     else:
         print(f"schema {args.schema} is up to date")
+    if declared:
+        where = ", ".join(f"{safe(t)} -> {safe(q)}" for t, q in sorted(declared.items())[:10])
+        more = f" and {len(declared) - 10} more" if len(declared) > 10 else ""
+        print(f"recorded the queues of {len(declared)} task(s): {where}{more}")
     return 0
 
 
@@ -120,11 +135,30 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         ):
             require(conn, args.schema)  # says which: no tables, or an old version
             raise
+        if not args.quiet:
+            _warn_unrouted(conn, args.schema, args.name)
     if args.json:
         print_json({"id": task_id})
     else:
         print(task_id)
     return 0
+
+
+def _warn_unrouted(conn: psycopg.Connection, schema: str, task: str) -> None:
+    """One line on stderr when no worker has ever declared ``task``: its row waits in the default
+    queue until one does (a typo waits for ever). A role that may not read the routes skips it."""
+    try:
+        with conn.transaction():
+            known = routes.routed(conn, schema, task)
+    except psycopg.errors.InsufficientPrivilege:
+        return
+    if not known:
+        print(
+            f"worker: warning: no worker has declared task {_quote(task)}: it waits in the "
+            "default queue until one does (a typo? `worker migrate --module MODULE` records "
+            "your tasks' queues ahead of their workers; --quiet silences this)",
+            file=sys.stderr,
+        )
 
 
 def _count(q: _admin.QueueStatus, state: str) -> str:

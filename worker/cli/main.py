@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade the queue schema")
+    p.add_argument(
+        "--module",
+        help="also record the queue of each task MODULE registers, as its workers will when they "
+        "start: tasks enqueued before any worker has started then land in the right queue",
+    )
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", parents=[common], help="run workers for the tasks of MODULE")
@@ -205,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one task")
     p.add_argument("name", help="task name")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no warning for a task that no worker has declared (a typo, or a task whose workers "
+        "have not started yet)",
+    )
     p.add_argument(
         "--payload",
         default="{}",
