@@ -3,6 +3,7 @@ per test, and helpers to run workers in threads or as real processes."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -29,14 +30,35 @@ ROOT = Path(__file__).resolve().parent.parent
 _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_run"}
 
 
+# Fixtures that start or connect to a PostgreSQL server (fixturenames holds every fixture a
+# test needs, its fixtures' fixtures included).
+_SERVER_FIXTURES = {"pg_dsn", "private_server", "make_server", "shared_server", "special"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs a database ``db``, so ``pytest -m "not db"`` runs the rest (SQL
-    parsing, backoff, cron arithmetic, journal records, escaping, redaction, layout) in seconds."""
+    """Mark ``db`` every test that needs PostgreSQL or runs `worker` processes (which try to reach
+    one), so that ``pytest -m "not db"`` runs the rest (SQL parsing, backoff, cron arithmetic,
+    journal records, escaping, redaction, layout) in seconds. Tests that run processes without a
+    server fixture carry the mark themselves."""
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module else ""
-        if "pg_dsn" in getattr(item, "fixturenames", ()) or name in _SERVER_MODULES:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _SERVER_FIXTURES or name in _SERVER_MODULES or _runs_worker(item):
             item.add_marker(pytest.mark.db)
+
+
+_PROCESS_CALLS = ("run_cli(", "spawn_cli(", "worker_cli(", "EmbeddedPostgres(")
+
+
+def _runs_worker(item: pytest.Item) -> bool:
+    """Whether the test's own code runs `worker` processes or starts a server."""
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function else ""
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in _PROCESS_CALLS)
 
 
 @pytest.fixture(scope="session")

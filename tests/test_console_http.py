@@ -223,6 +223,7 @@ def test_the_token_never_leaves_the_server(
 # -- `worker run` ----------------------------------------------------------------------------------
 
 
+@pytest.mark.db  # runs `worker run`
 def test_run_takes_the_token_only_from_a_file_or_the_environment(tmp_path: Path) -> None:
     secret = "s3cret-console-token-on-the-command-line"
     short = tmp_path / "short"

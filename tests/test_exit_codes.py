@@ -18,6 +18,9 @@ from conftest import ROOT, run_cli
 import worker
 from worker.cli import exits
 
+# Every test here runs `worker` processes (most try to reach a database).
+pytestmark = pytest.mark.db
+
 # A port nothing listens on (1 is privileged and never a PostgreSQL server's).
 UNREACHABLE = "postgresql://app:pw@127.0.0.1:1/nodb"
 

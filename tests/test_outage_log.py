@@ -46,9 +46,7 @@ def test_a_long_outage_writes_a_few_lines_per_process(
             assert private_server.start() == dsn
             up = time.monotonic()
             with psycopg.connect(dsn, autocommit=True) as c:
-                c.execute(
-                    f"INSERT INTO {schema}.tasks (task, payload) VALUES ('record', '{{}}')"
-                )
+                c.execute(f"INSERT INTO {schema}.tasks (task, payload) VALUES ('record', '{{}}')")
             wait_until(lambda: _states(dsn, schema) == {"done": 21}, timeout=60, interval=0.2)
             time.sleep(2)
             assert sup.poll() is None

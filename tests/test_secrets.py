@@ -119,6 +119,7 @@ def test_log_formatter_scrubs_messages_and_tracebacks() -> None:
 ALL = {**PARSEABLE, **MALFORMED}
 
 
+@pytest.mark.db  # runs worker commands
 @pytest.mark.parametrize("dsn", ALL.values(), ids=ALL.keys())
 @pytest.mark.parametrize("via", ["flag", "env"])
 def test_commands_never_print_the_password(dsn: str, via: str) -> None:
@@ -148,6 +149,7 @@ def test_commands_never_print_the_password(dsn: str, via: str) -> None:
             assert f"the DSN given by {source} cannot be parsed" in r.stderr
 
 
+@pytest.mark.db  # runs worker commands
 def test_migrate_with_a_bare_password_as_dsn_says_so_without_it() -> None:
     r = run_cli("migrate", "--dsn", PW)
     _clean(r)
