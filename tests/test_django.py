@@ -319,7 +319,8 @@ def test_the_management_command_refuses_bad_options(site: str) -> None:
         call_command("worker_run", "--backend", "unmigrated")
     assert info.value.returncode == 2
     assert str(info.value) == (
-        "schema 'no_such_schema' has no worker tables in this database: run `worker migrate` first"
+        "schema 'no_such_schema' has no worker tables in this database: "
+        "run `worker migrate --schema no_such_schema`"
     )
 
 
