@@ -16,6 +16,7 @@ from ..db.migrate import migrate
 from ..dev import bench, demo
 from ..dev.embedded import EmbeddedPostgres, default_data_dir
 from ..dev.embedded.attached import attached_workers
+from ..errors import SchemaMissing
 from ..ops import actions as _actions
 from ..ops import bulk as _bulk
 from ..ops import status as _admin
@@ -114,7 +115,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         # No version check first: it reads the migration table, which the producer role of
         # deploy/sql/roles.sql may not read. Enqueueing is one call of the SQL function; a
-        # schema without it says so below.
+        # schema without it raises SchemaMissing, made precise below (which version it is at).
         try:
             task_id = enqueue(
                 conn,
@@ -128,11 +129,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 dedupe_key=args.dedupe_key,
                 schema=args.schema,
             )
-        except (
-            psycopg.errors.UndefinedFunction,
-            psycopg.errors.UndefinedTable,
-            psycopg.errors.InvalidSchemaName,
-        ):
+        except SchemaMissing:
             require(conn, args.schema)  # says which: no tables, or an old version
             raise
         if not args.quiet:

@@ -86,6 +86,7 @@ class Worker:
         results.check_config(self.config, self.registry)
         self._stop = threading.Event()
         self.stop_now = threading.Event()
+        self.started = threading.Event()  # registered, its services running (see run)
         self.events = Inbox()  # what the other threads report, and the notifications
         self.table = JobTable(_OVERDUE_MARGIN)  # every job this process holds
         self._last_claim = 0.0
@@ -143,6 +144,7 @@ class Worker:
             startup.register(self.conn.get(), self)
             started = startup.start([self.executor, self.lease, self.maintenance, self.listener])
             startup.describe(self)
+            self.started.set()
             self.hooks.started(self)
             try:
                 self._loop()
