@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schema",
         type=schema_name,
         default=os.environ.get("WORKER_SCHEMA", "worker"),
-        help="schema holding the queue tables (default: worker)",
+        help="schema holding the queue tables (default: $WORKER_SCHEMA, else worker; "
+        "`worker demo`: worker_demo)",
     )
     common.add_argument(
         "--log-level",
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int_in(1, 65535),
         default=None,
-        help="serve /metrics, /healthz, /readyz and the status page on this port",
+        help="serve /metrics, /healthz, /readyz, the status page (/) and the operator console "
+        "(/console/) on this port",
     )
     p.add_argument("--metrics-host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument(

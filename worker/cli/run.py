@@ -300,7 +300,7 @@ def _wait_for_database(dsn: str, schema: str) -> None:
 
 
 def _worker_hooks(args: argparse.Namespace) -> Any:
-    """Metrics hooks when metrics are on (see issue: metrics); plain hooks otherwise."""
+    """Metrics hooks when metrics are on; plain hooks otherwise."""
     # Children inherit --metrics-port in their argv: they count, and the supervisor serves.
     return worker_hooks(enabled=bool(args.metrics_port))
 

@@ -142,7 +142,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_number_in(0, 86_400),
         default=0,
         help="light_held: seconds of light load while another session holds a transaction "
-        "open, after a minute without (default 0: skip; the issue's figure uses 600)",
+        "open, after a minute without (default 0: skip; 600 holds it for ten minutes)",
     )
     p.add_argument(
         "--held-rate",
