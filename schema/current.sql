@@ -615,7 +615,7 @@ BEGIN
     END IF;
 
     IF lim.rate IS NOT NULL AND room > 0 THEN
-        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.02);
+        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
         SELECT r.tat INTO tat FROM "worker".limit_rates AS r
          WHERE r.queue = q AND r.limit_key = '' FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
@@ -627,7 +627,7 @@ BEGIN
 
     keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
     IF lim.key_rate IS NOT NULL THEN
-        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.02);
+        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.05);
     END IF;
 
     IF room > 0 AND NOT keyed THEN

@@ -67,8 +67,8 @@ class Limits:
     ``concurrency``: at most this many of the queue's tasks running at once, fleet-wide.
     ``key_concurrency``: at most this many running per key (see ``limit_key`` of a task).
     ``rate`` / ``key_rate``: at most N starts in any window of a period, for the queue / per key:
-    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``. Starts are spaced evenly (period / N apart, with
-    2% to spare for the handlers' start jitter); ``burst`` / ``key_burst`` let that many start
+    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``. Starts are spaced evenly (period / N x 1.05
+    apart: 5% to spare for the handlers' start jitter); ``burst`` / ``key_burst`` let that many start
     at once after a quiet spell (default 1: a window of one period then holds at most N starts;
     with a burst B, at most N + B - 1).
     """
