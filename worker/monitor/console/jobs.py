@@ -99,7 +99,7 @@ def browser(frame: Frame, f: Filter, page: Page, notes: list[str], cursor: str |
     # Only a first page that costs no more than its rows refreshes itself: a later page would
     # shift under the reader, and a search would walk its rows again every few seconds.
     live = "" if cursor or f.narrows_walk else " data-live"
-    body.append(f'<section id="live-jobs"{live}>{listing}{pager}</section>')
+    body.append(f'<section class="panel" id="live-jobs"{live}>{listing}{pager}</section>')
     if frame.can_act:
         if f.empty:
             body.append('<p class="note">Set a filter to act on every task it matches.</p>')
@@ -201,13 +201,14 @@ def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
                 "while it runs.</span>"
             )
         actions = f'<div id="actions">{"".join(buttons)}</div>'
+    result = _value(task, "result", "Result") if task["result_stored"] is not None else ""
     body = (
-        f"<h2>Task {esc(task['id'])}</h2>{actions}"
-        f'<section id="live-task" data-live><table class="fields">{fields}</table>'
+        f'<div class="panel-head task-head"><h2>Task {esc(task["id"])}</h2>'
+        f"{badge(task['state'])}</div>{actions}"
+        f'<section class="panel" id="live-task" data-live><table class="fields">{fields}</table>'
         f"<h3>Last error (attempt {esc(task['attempts'])})</h3>{err_html}</section>"
-        f"{_value(task, 'payload', 'Payload')}"
-        f"{_value(task, 'result', 'Result') if task['result_stored'] is not None else ''}"
-        f"{_history(task)}"
+        f'<section class="panel">{_value(task, "payload", "Payload")}{result}'
+        f"{_history(task)}</section>"
     )
     return layout(frame, "jobs", f"Task {task['id']}", body)
 

@@ -253,7 +253,7 @@ def depth_chart(trends: Trends) -> str:
 
 def _wait_chart(queue: str, index: int, waits: list[Wait], start: datetime, end: datetime) -> str:
     top, step = nice_top(max((w.p99 for w in waits), default=0.0))
-    p = Plot(start, end, top, width=300, height=150, left=52, right=10, top=22, bottom=30)
+    p = Plot(start, end, top, width=380, height=160, left=52, right=10, top=22, bottom=30)
     half = timedelta(seconds=30)
     body = (
         _axes(p, step, "wait", seconds_label, 20)
