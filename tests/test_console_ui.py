@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
 import zlib
 from collections.abc import Iterator
@@ -24,7 +25,6 @@ import pytest
 from test_console import (  # noqa: F401  (fixtures)
     TOKEN,
     Contexts,
-    _chromium,
     browser,
     playwright_browser,
     sign_in,
@@ -37,7 +37,8 @@ from worker.monitor.page.charts import count_label
 from worker.monitor.server import MetricsServer, serve
 
 pytestmark = pytest.mark.skipif(
-    _chromium() is None or sync_playwright is None,
+    (shutil.which("chromium") or shutil.which("chromium-browser")) is None
+    or sync_playwright is None,
     reason="needs chromium and playwright (see tests/test_console.py)",
 )
 
