@@ -43,7 +43,7 @@ from worker.monitor.console.data import (
     download_params,
     task_params,
 )
-from worker.monitor.console.filter import Filter
+from worker.monitor.console.filter import Filter, encode_cursor
 from worker.monitor.metrics.collector import DatabaseCollector
 from worker.monitor.metrics.instruments import DEFAULT_COUNT_CAP
 from worker.monitor.page.trends import MINUTES, WAIT_QUEUES
@@ -508,6 +508,50 @@ def test_statement_reads_indexes_and_is_fast(conn: psycopg.Connection, big: str,
     ]
     assert not scans, f"{name}: sequential scan of the task table"
     assert ms < LIMIT_MS, f"{name}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
+
+
+DONE_PAGES = {
+    # (filter, offset of the page's cursor among the done rows of the filter, newest first)
+    "the first page": ({"state": "done"}, None),
+    "a page in the middle": ({"state": "done"}, 1_400_000),
+    "the first page of a busy queue": ({"state": "done", "queue": "default"}, None),
+    "a page in the middle of a busy queue": ({"state": "done", "queue": "default"}, 400_000),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DONE_PAGES))
+def test_the_done_browser_is_quick(conn: psycopg.Connection, big: str, case: str) -> None:
+    """The job browser on done tasks (2.9M of them, with cancelled ones in the same index), as the
+    console links to it (the state, or a queue's done count): under 200 ms a page, from the start
+    or from a cursor deep in the rows."""
+    fields, offset = DONE_PAGES[case]
+    cursor = None
+    if offset is not None:
+        row = conn.execute(
+            f"SELECT id, finished_at FROM {big}.tasks WHERE state IN ('done', 'cancelled')"
+            " AND state = 'done' AND (%s::text IS NULL OR queue = %s)"
+            " ORDER BY finished_at DESC, id DESC OFFSET %s LIMIT 1",
+            (fields.get("queue"), fields.get("queue"), offset),
+        ).fetchone()
+        assert row is not None
+        cursor = encode_cursor("finished", {"id": row[0], "finished_at": row[1]})
+    name, params = browse_statement(Filter(**fields), cursor, limit=PAGE_ROWS, scan=SCAN_ROWS)
+    assert name == "browse_finished"
+    q = q_of(big)
+    runs = []
+    for _ in range(3):
+        with conn.transaction(force_rollback=True):
+            conn.execute(q["no_jit"])
+            row = conn.execute(
+                b"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + q[name].as_bytes(conn), params
+            ).fetchone()
+        assert row is not None
+        runs.append((float(row[0][0]["Execution Time"]), row[0][0]["Plan"]))
+    ms, plan = min(runs, key=lambda r: r[0])
+    TIMINGS[f"(done) {case}"[:40]] = ms
+    assert plan["Actual Rows"] == params["limit"]  # a full page, the next one begins after it
+    assert not [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan"]
+    assert ms < LIMIT_MS, f"{case}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
 
 
 SEARCH_LIMIT_MS = 1500.0
