@@ -31,8 +31,10 @@ from test_console import (  # noqa: F401  (fixtures)
     sync_playwright,
 )
 
+from worker.db.migrate import migrate
 from worker.db.sql import queries
 from worker.engine import rollup
+from worker.monitor.console import charts as console_charts
 from worker.monitor.page.charts import count_label
 from worker.monitor.server import MetricsServer, serve
 
@@ -588,14 +590,33 @@ def _optimised(png: bytes) -> bytes:
     return b"".join(out)
 
 
+WRITE = os.environ.get("WORKER_WRITE_SCREENSHOTS") == "1"
+
+
 @pytest.fixture
-def showcase(schema: str, conn: psycopg.Connection) -> dict[str, Any]:
+def docs_schema(pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The schema the screenshots show: "shop" when they are written for the docs, else the
+    test's own."""
+    if not WRITE:
+        yield request.getfixturevalue("schema")
+        return
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DROP SCHEMA IF EXISTS shop CASCADE")
+        migrate(c, "shop")
+    yield "shop"
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DROP SCHEMA IF EXISTS shop CASCADE")
+
+
+@pytest.fixture
+def showcase(docs_schema: str, conn: psycopg.Connection) -> dict[str, Any]:
     """An hour of a small installation: three queues with their rates, failures and waits, the
     depth rising and falling, the rollup of each minute, a worker, a paused queue."""
-    s = schema
+    s = docs_schema
     rates = {"emails": 18, "reports": 6, "images": 10}
+    now = _minute(conn, 0)  # once: filling the hour may take past the end of a minute
     for ago in range(60, 0, -1):
-        m = _minute(conn, ago)
+        m = now - timedelta(minutes=ago)
         swell = 1 + 0.6 * ((ago % 20) / 20)
         for q, rate in rates.items():
             n = int(rate * swell)
@@ -639,22 +660,28 @@ def showcase(schema: str, conn: psycopg.Connection) -> dict[str, Any]:
 def test_pages_render_for_the_docs(
     browser: Contexts,  # noqa: F811
     pg_dsn: str,
-    schema: str,
+    docs_schema: str,
     showcase: dict[str, Any],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each page of the console and the status page, as the docs show them (1280x800)."""
-    write = os.environ.get("WORKER_WRITE_SCREENSHOTS") == "1"
-    folder = DOCS_IMAGES if write else tmp_path
+    folder = DOCS_IMAGES if WRITE else tmp_path
     folder.mkdir(parents=True, exist_ok=True)
+    # The first view counts the whole hour (a console counts 15 settled minutes a refresh).
+    monkeypatch.setattr(console_charts, "MINUTES_PER_REFRESH", 60)
     srv = serve(
-        "127.0.0.1", 0, dsn=pg_dsn, schema=schema, ttl=0, console_token=TOKEN, console_refresh=0
+        "127.0.0.1",
+        0,
+        dsn=pg_dsn,
+        schema=docs_schema,
+        console_token=TOKEN,
+        console_refresh=0,
     )
     try:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         page = context.new_page()
-        for _ in range(4):  # the first views count the hour's settled minutes, 15 at a time
-            page.goto(srv.url + "console/")
+        page.goto(srv.url + "console/")
         assert "not counted yet" not in page.inner_text("#live-throughput")
         sign_in(page, srv)
         shots = {
