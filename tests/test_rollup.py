@@ -15,6 +15,7 @@ from conftest import wait_until
 
 from worker.db.sql import queries
 from worker.engine import rollup
+from worker.monitor.console.data import ConsoleData
 from worker.tasks.registry import Registry
 
 
@@ -168,3 +169,34 @@ def test_a_running_worker_records_the_last_minute(
         )
     minute, sampled_at = row
     assert minute.second == 0 and sampled_at - minute >= timedelta(minutes=1)
+
+
+def test_every_replica_charts_the_same_minutes(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """Two servers of the console read the rollup, not anything of their own: the same depth and
+    wait figures, those of the table."""
+    q = queries(schema)
+    for ago in (4, 3, 2):
+        minute = conn.execute(
+            "SELECT date_trunc('minute', now()) - make_interval(mins => %s)", (ago,)
+        ).fetchone()[0]  # type: ignore[index]
+        seed(conn, schema, minute)
+        rollup.record_minute(conn, q, minute=minute)
+    one, two = ConsoleData(pg_dsn, schema, ttl=0), ConsoleData(pg_dsn, schema, ttl=0)
+    try:
+        first, second = one.trends(), two.trends()
+    finally:
+        one.close()
+        two.close()
+    assert first.error is None and first == second
+    stored = conn.execute(
+        f"SELECT sampled_at, queued, in_progress FROM {schema}.stats_minutes ORDER BY minute"
+    ).fetchall()
+    assert [(d.at, d.queued, d.in_progress) for d in first.depth] == stored
+    waits = conn.execute(
+        f"SELECT minute, waited, wait_p50, wait_p99 FROM {schema}.queue_minutes"
+        " WHERE queue = 'emails' ORDER BY minute"
+    ).fetchall()
+    assert [(w.minute, w.tasks, w.p50, w.p99) for w in first.waits["emails"]] == waits
+    assert list(first.waits) == ["emails", "reports"]  # the busiest queue first
