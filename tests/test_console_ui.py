@@ -288,7 +288,11 @@ def test_charts_plot_the_databases_figures_with_axes_and_labels(
     path: str,
 ) -> None:
     page = browser.new_page(viewport={"width": 1280, "height": 800})
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
     page.goto(server.url + path)
+    # Drawn without anything the page's Content-Security-Policy would have to allow.
+    assert refused == []
 
     # Throughput: one bar per minute counted, its parts the database's count of that minute.
     tp = page.evaluate(CHART_JS, "chart-throughput")
