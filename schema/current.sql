@@ -1300,12 +1300,34 @@ CREATE TABLE worker.queue_limits (
     CONSTRAINT queue_limits_source CHECK ((source = ANY (ARRAY['code'::text, 'operator'::text])))
 );
 
+-- Name: queue_minutes; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.queue_minutes (
+    minute timestamp with time zone NOT NULL,
+    queue text NOT NULL,
+    queued bigint DEFAULT 0 NOT NULL,
+    in_progress bigint DEFAULT 0 NOT NULL,
+    waited integer DEFAULT 0 NOT NULL,
+    wait_p50 double precision,
+    wait_p99 double precision
+);
+
 -- Name: schema_migrations; Type: TABLE; Schema: worker; Owner: -
 
 CREATE TABLE worker.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- Name: stats_minutes; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.stats_minutes (
+    minute timestamp with time zone NOT NULL,
+    sampled_at timestamp with time zone DEFAULT now() NOT NULL,
+    queued bigint DEFAULT 0 NOT NULL,
+    queued_capped boolean DEFAULT false NOT NULL,
+    in_progress bigint DEFAULT 0 NOT NULL
 );
 
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
@@ -1418,10 +1440,20 @@ ALTER TABLE ONLY worker.paused_queues
 ALTER TABLE ONLY worker.queue_limits
     ADD CONSTRAINT queue_limits_pkey PRIMARY KEY (queue);
 
+-- Name: queue_minutes queue_minutes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.queue_minutes
+    ADD CONSTRAINT queue_minutes_pkey PRIMARY KEY (minute, queue);
+
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
 ALTER TABLE ONLY worker.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+-- Name: stats_minutes stats_minutes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.stats_minutes
+    ADD CONSTRAINT stats_minutes_pkey PRIMARY KEY (minute);
 
 -- Name: task_routes task_routes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
