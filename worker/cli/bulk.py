@@ -12,11 +12,16 @@ default the OS user and host).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import sys
+import threading
 from dataclasses import replace
 from typing import Any
+
+import psycopg
 
 from ..ops import bulk as _bulk
 from ..ops.audit import default_actor
@@ -216,6 +221,58 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return _run(args, "delete", flt)
 
 
+_STOPPING = "worker: {}: stopping after the batch in flight (again: cancel that batch)\n"
+
+
+class Interrupt:
+    """SIGINT and SIGTERM while a bulk action runs (``with Interrupt() as stop:``, then
+    ``apply(..., stop=stop)``): the first asks the action to stop after the batch in flight,
+    which commits, so that nothing is left half-done and the record holds the counts of every
+    batch that committed; the second cancels the batch in flight (rolled back whole); a third
+    does what the signal does by default. ``conn``: the connection whose statement the second
+    cancels."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, *, tell: bool = False) -> None:
+        self.tell = tell  # say on stderr that the action stops (a person at a terminal)
+        self.name: str | None = None  # the first signal's name, as "SIGTERM"
+        self.code = 0  # the exit code that reports it: 128 + its number
+        self.conn: psycopg.Connection | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __call__(self) -> str | None:
+        return self.name
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.name is None:
+            self.name = signal.Signals(signum).name
+            self.code = 128 + signum
+            if self.tell:  # os.write: print() could be in the middle of a write of its own
+                with contextlib.suppress(OSError):
+                    os.write(2, _STOPPING.format(self.name).encode())
+            return
+        self._restore()  # a third signal does what it does by default
+        conn = self.conn
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                getattr(conn, "cancel_safe", conn.cancel)()
+
+
 def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
     try:
         flt.check()
@@ -223,10 +280,17 @@ def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
     except BulkError as exc:
         raise CliError(str(exc), 2) from None
     actor = args.actor or default_actor()
-    with connect(args) as conn:
-        require(conn, args.schema)
-        if args.yes:
-            progress = _progress if sys.stderr.isatty() and not args.json else None
+    code = 0
+    if not args.yes:
+        with connect(args) as conn:
+            require(conn, args.schema)
+            out = _bulk.preview(conn, args.schema, action, flt, examples=args.examples)
+    else:
+        tell = sys.stderr.isatty() and not args.json
+        with Interrupt(tell=tell) as stop, connect(args) as conn:
+            stop.conn = conn
+            require(conn, args.schema)
+            progress = _progress if tell else None
             out = _bulk.apply(
                 conn,
                 args.schema,
@@ -236,14 +300,37 @@ def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
                 source="cli",
                 batch=args.batch_size,
                 progress=progress,
+                stop=stop,
             )
-        else:
-            out = _bulk.preview(conn, args.schema, action, flt, examples=args.examples)
+            stop.conn = None
+        code = stop.code if out.interrupted is not None else 0
+        if out.interrupted is not None and not args.json:
+            print(interrupted_line(out, flt, states))
+            return code
     if args.json:
         print_json(out.as_dict())
-        return 0
+        return code
     _report(out, flt, states)
     return 0
+
+
+def interrupted_line(out: Outcome, flt: Filter, states: list[str]) -> str:
+    """The one line of an action stopped between two batches: what it did, and what to do."""
+    done = VERBS[out.action][1]
+    what = safe(_bulk.describe(flt, states), LINE_LIMIT)
+    if out.batches == 0:
+        did = f"before any batch committed: nothing {done}"
+    else:
+        did = (
+            f"after {out.batches:,} batch(es): {done} {out.changed:,} of the {out.matched:,} "
+            "task(s) matched so far"
+        )
+        if out.skipped_dedupe:
+            did += f", skipped {out.skipped_dedupe:,} whose dedupe key a live task holds"
+    return (
+        f"interrupted by {out.interrupted} {did}, matching {what}; recorded as action "
+        f"#{out.action_id} by {safe(out.actor)}; the rest are as they were: run it again to go on"
+    )
 
 
 def _progress(out: Outcome) -> None:
