@@ -276,8 +276,8 @@ def test_running_tasks_of_a_real_worker_are_never_touched(
     )
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, queue, payload)"
-        " SELECT 'slow', 'slowq', '{\"sleep\": 4}' FROM generate_series(1, 3)"
-    )
+        " SELECT 'slow', 'slowq', '{\"sleep\": 8}' FROM generate_series(1, 3)"
+    )  # long enough for two commands to start and act on a busy machine
     env = {"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema}
     common = _common(pg_dsn, schema)
     proc = spawn_cli(
