@@ -12,16 +12,12 @@ default the OS user and host).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import sys
-import threading
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
-
-import psycopg
 
 from ..ops import bulk as _bulk
 from ..ops.audit import default_actor
@@ -30,6 +26,7 @@ from ..ops.status import STATES
 from .commands import cmd_cancel as cancel_one
 from .commands import cmd_retry as retry_one
 from .common import CliError, connect, int_in, print_json, require, text_up_to
+from .interrupt import Interrupt
 from .text import LINE_LIMIT, safe
 
 TASK_ID = int_in(1, 2**63 - 1)
@@ -221,58 +218,6 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return _run(args, "delete", flt)
 
 
-_STOPPING = "worker: {}: stopping after the batch in flight (again: cancel that batch)\n"
-
-
-class Interrupt:
-    """SIGINT and SIGTERM while a bulk action runs (``with Interrupt() as stop:``, then
-    ``apply(..., stop=stop)``): the first asks the action to stop after the batch in flight,
-    which commits, so that nothing is left half-done and the record holds the counts of every
-    batch that committed; the second cancels the batch in flight (rolled back whole); a third
-    does what the signal does by default. ``conn``: the connection whose statement the second
-    cancels."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, *, tell: bool = False) -> None:
-        self.tell = tell  # say on stderr that the action stops (a person at a terminal)
-        self.name: str | None = None  # the first signal's name, as "SIGTERM"
-        self.code = 0  # the exit code that reports it: 128 + its number
-        self.conn: psycopg.Connection | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __call__(self) -> str | None:
-        return self.name
-
-    def __enter__(self) -> Interrupt:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.name is None:
-            self.name = signal.Signals(signum).name
-            self.code = 128 + signum
-            if self.tell:  # os.write: print() could be in the middle of a write of its own
-                with contextlib.suppress(OSError):
-                    os.write(2, _STOPPING.format(self.name).encode())
-            return
-        self._restore()  # a third signal does what it does by default
-        conn = self.conn
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                getattr(conn, "cancel_safe", conn.cancel)()
-
-
 def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
     try:
         flt.check()
@@ -317,7 +262,7 @@ def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
 def interrupted_line(out: Outcome, flt: Filter, states: list[str]) -> str:
     """The one line of an action stopped between two batches: what it did, and what to do."""
     done = VERBS[out.action][1]
-    what = safe(_bulk.describe(flt, states), LINE_LIMIT)
+    what = safe(describe(flt, states), LINE_LIMIT)
     if out.batches == 0:
         did = f"before any batch committed: nothing {done}"
     else:
@@ -346,7 +291,7 @@ def _ids(ids: list[int], total: int) -> str:
 
 def _report(out: Outcome, flt: Filter, states: list[str]) -> None:
     verb, done = VERBS[out.action]
-    what = safe(_bulk.describe(flt, states), LINE_LIMIT)
+    what = safe(describe(flt, states), LINE_LIMIT)
     if out.dry_run:
         print(f"would {verb} {out.matched - out.skipped_dedupe:,} task(s) matching {what}")
     else:
@@ -388,3 +333,32 @@ def _report(out: Outcome, flt: Filter, states: list[str]) -> None:
     else:
         state = "" if out.complete else " (interrupted)"
         print(f"recorded as action #{out.action_id} by {safe(out.actor)}{state}")
+
+
+def describe(flt: Filter, states: Iterable[str]) -> str:
+    """The filter in words, for a terminal (the caller escapes it)."""
+    parts = [f"state {'/'.join(states)}"]
+    if flt.queue is not None:
+        parts.append(f"queue {flt.queue!r}")
+    if flt.task is not None:
+        parts.append(f"task {flt.task!r}")
+    if flt.error is not None:
+        parts.append(f"error ILIKE {flt.error!r}")
+    if flt.older_than is not None:
+        parts.append(f"older than {span(flt.older_than)}")
+    if flt.ids:
+        shown = ", ".join(str(i) for i in sorted(set(flt.ids))[:10])
+        parts.append(f"id in ({shown}{', ...' if len(set(flt.ids)) > 10 else ''})")
+    return ", ".join(parts)
+
+
+def span(seconds: float) -> str:
+    """Seconds in the units a person types: 90 -> 1m30s, 86400 -> 1d, 0.5 -> 0.5s."""
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g}s"
+    left, out = int(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            out.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(out)

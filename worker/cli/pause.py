@@ -40,16 +40,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
     by = args.by if args.by is not None else _operator()
     with connect(args) as conn:
         require(conn, args.schema)
+        warned: list[str] = []  # a queue nothing has named yet: paused, with a warning
         with conn.transaction():
-            unknown = _pause.never_named(conn, args.schema, args.queue)
-            changed = _pause.pause(conn, args.schema, args.queue, by)
+            changed = _pause.pause(conn, args.schema, args.queue, by, warn=warned)
             _record(conn, args, "pause", by, changed)
-    if unknown is not None:
-        print(f"worker: warning: {safe(unknown, LINE_LIMIT)}", file=sys.stderr)
+    for warning in warned:
+        print(f"worker: warning: {safe(warning, LINE_LIMIT)}", file=sys.stderr)
     if args.json:
-        print_json(
-            {"queue": args.queue, "paused": True, "changed": changed, "known": unknown is None}
-        )
+        print_json({"queue": args.queue, "paused": True, "changed": changed, "known": not warned})
     elif changed:
         print(f"paused queue {safe(args.queue)}: workers claim nothing from it until resumed")
     else:

@@ -38,9 +38,14 @@ def _checked(queue: str) -> str:
     return queue
 
 
-def pause(conn: psycopg.Connection, schema: str, queue: str, by: str) -> bool:
+def pause(
+    conn: psycopg.Connection, schema: str, queue: str, by: str, *, warn: list[str] | None = None
+) -> bool:
     """Pause ``queue`` (``by``: who, cut to 200 characters). False when it was paused already,
-    in which case its first pause stands."""
+    in which case its first pause stands. ``warn``: gets the warning of ``never_named`` when
+    nothing has named the queue before (read first, on ``conn``: the pause names it)."""
+    if warn is not None and (unknown := never_named(conn, schema, queue)) is not None:
+        warn.append(unknown)
     rows = execute(
         conn, queries(schema)["pause_queue"], {"queue": _checked(queue), "by": by[:MAX_BY_CHARS]}
     )

@@ -219,20 +219,13 @@ def apply(
     stop: Stop | None = None,
 ) -> Outcome:
     """Run ``action`` over the tasks ``flt`` matches, ``batch`` rows per transaction, and record
-    it in ``actions`` (by ``actor``, from ``source``). The row is written first; each batch
-    writes the counts so far in its own transaction, so the record says how far the action got
-    whatever stops it; the end sets ``finished_at``.
-
-    ``stop`` is asked before each batch: when it names a reason (a signal's name, say) the action
-    stops there, between two batches, and is recorded as interrupted by it (``finished_at`` set,
-    ``interrupted`` the reason), with the counts of the batches that committed; the outcome says
-    so (``interrupted``, ``complete`` false). A batch whose statement is cancelled while ``stop``
-    names a reason (a second Ctrl-C: ``Interrupt``) rolls back whole and ends the action the
-    same way. Any other error leaves the record unfinished (``finished_at`` NULL) with its last
-    counts, and is raised.
-
-    Give a connection outside any transaction (or a pool or a DSN): in a caller's open
-    transaction every batch would commit with it, as one."""
+    it in ``actions`` (by ``actor``, from ``source``): the row first, the counts so far with each
+    batch (in its transaction), ``finished_at`` at the end. ``stop`` is asked before each batch:
+    a reason (a signal's name) ends the action there, recorded as interrupted by it with the
+    counts of the committed batches (``interrupted`` set, ``complete`` false); so does a batch
+    cancelled while ``stop`` names one (it rolls back). Another error leaves ``finished_at`` NULL
+    and is raised. Give a connection outside any transaction (or a pool or a DSN): in a caller's
+    open transaction every batch would commit with it, as one."""
     out = _start(action, flt, dry_run=False, batch=batch)
     out.actor = clean(actor)[:ACTOR_CHARS] or "unknown"
     with borrow(target) as conn:
@@ -404,32 +397,3 @@ def _recorded_filter(flt: Filter) -> dict[str, Any]:
     if ids and len(ids) > FILTER_IDS_KEPT:
         data["ids"], data["ids_total"] = ids[:FILTER_IDS_KEPT], len(ids)
     return data
-
-
-def describe(flt: Filter, states: Iterable[str]) -> str:
-    """The filter in words, for a terminal (the caller escapes it)."""
-    parts = [f"state {'/'.join(states)}"]
-    if flt.queue is not None:
-        parts.append(f"queue {flt.queue!r}")
-    if flt.task is not None:
-        parts.append(f"task {flt.task!r}")
-    if flt.error is not None:
-        parts.append(f"error ILIKE {flt.error!r}")
-    if flt.older_than is not None:
-        parts.append(f"older than {span(flt.older_than)}")
-    if flt.ids:
-        shown = ", ".join(str(i) for i in sorted(set(flt.ids))[:10])
-        parts.append(f"id in ({shown}{', ...' if len(set(flt.ids)) > 10 else ''})")
-    return ", ".join(parts)
-
-
-def span(seconds: float) -> str:
-    """Seconds in the units a person types: 90 -> 1m30s, 86400 -> 1d, 0.5 -> 0.5s."""
-    if seconds != int(seconds) or seconds < 60:
-        return f"{seconds:g}s"
-    left, out = int(seconds), []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size:
-            out.append(f"{left // size}{unit}")
-            left %= size
-    return "".join(out)

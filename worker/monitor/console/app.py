@@ -366,17 +366,11 @@ class Console:
         if not 1 <= len(queue) <= _pause.MAX_QUEUE_CHARS:
             session.flash.append(f"{verb} refused: a queue name is 1 to 255 characters")
             return redirect("/console/queues")
-        warning: list[str] = []
-
-        def pause(conn: psycopg.Connection) -> bool:
-            # Read before the pause, in its transaction: the pause itself names the queue.
-            unknown = _pause.never_named(conn, self.schema, queue)
-            if unknown is not None:
-                warning.append(unknown)
-            return _pause.pause(conn, self.schema, queue, session.name)
-
+        warned: list[str] = []  # a queue nothing has named yet: paused, with a warning
         if verb == "pause":
-            fn: Callable[[psycopg.Connection], bool] = pause
+            fn: Callable[[psycopg.Connection], bool] = lambda conn: _pause.pause(  # noqa: E731
+                conn, self.schema, queue, session.name, warn=warned
+            )
         else:
             fn = lambda conn: _pause.resume(conn, self.schema, queue)  # noqa: E731
         outcome = self._act(session, who, verb, {"queue": queue}, fn)
@@ -387,7 +381,7 @@ class Console:
             else:
                 done = "resumed" if outcome.changed else "was not paused"
             session.flash.append(f"queue {shown} {done}")
-            session.flash.extend(f"warning: {clip(w, 600)}" for w in warning)
+            session.flash.extend(f"warning: {clip(w, 600)}" for w in warned)
         return redirect("/console/queues")
 
 
