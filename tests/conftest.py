@@ -6,8 +6,10 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -62,19 +64,27 @@ def _runs_worker(item: pytest.Item) -> bool:
 
 
 @pytest.fixture(scope="session")
-def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_dsn() -> Iterator[str]:
     """The database every test uses. Without WORKER_TEST_DSN an embedded server is started for
     the session (fsync off: the tests check behaviour, `worker bench` measures speed)."""
     env = os.environ.get("WORKER_TEST_DSN")
     if env:
         yield env
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
-    dsn = server.start()
+    # Not under pytest's temporary folder: as root the server runs as another user, and every
+    # pytest session that starts (the tests run some) takes the others' search bit off
+    # /tmp/pytest-of-root, which cut the server off its own data folder (a PANIC at its next
+    # checkpoint, and every later test of this process failing to connect).
+    folder = Path(tempfile.mkdtemp(prefix="worker-tests-pg-"))
     try:
-        yield dsn
+        server = EmbeddedPostgres(folder / "data", durable=False)
+        dsn = server.start()
+        try:
+            yield dsn
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ import pytest
 from psycopg import sql
 
 from worker.cli.main import main
+from worker.coord import pause as _pause
 from worker.db.migrate import migrate
 from worker.db.sql import notify_channel, parse_named, statements
 from worker.engine import rollup
@@ -415,11 +416,13 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
         finished=True,
         address="127.0.0.1",
     ),
-    "action_finish": _fixed(id=1, counts="{}", finished=True),
+    "action_finish": _fixed(id=1, counts="{}", finished=True, interrupted=None),
     "actions_recent": _fixed(limit=20),
     "pause_queue": _fixed(queue="mail", by="alice"),
     "resume_queue": _fixed(queue="mail"),
     "paused_queues": _fixed(limit=10_000),
+    # a queue no row names (the read that warns `worker pause` of a typo): every probe misses
+    "queue_known": _fixed(queue="mial", names=_pause.KNOWN_NAMES, recent=_pause.KNOWN_RECENT),
     # store/operator.sql and coord/cancel.sql: a cancel of queued and running tasks (rolled
     # back), and the lease keeper's read of cancel requests when it cannot LISTEN
     "cancel_tasks": lambda conn, s: {

@@ -151,9 +151,10 @@ class Acts:
         if not 1 <= len(queue) <= _pause.MAX_QUEUE_CHARS:
             session.flash.append(f"{verb} refused: a queue name is 1 to 255 characters")
             return redirect("/console/queues")
+        warned: list[str] = []  # a queue nothing has named yet: paused, with a warning
         if verb == "pause":
             fn: Callable[[psycopg.Connection], bool] = lambda conn: _pause.pause(  # noqa: E731
-                conn, self.schema, queue, session.name
+                conn, self.schema, queue, session.name, warn=warned
             )
         else:
             fn = lambda conn: _pause.resume(conn, self.schema, queue)  # noqa: E731
@@ -165,6 +166,7 @@ class Acts:
             else:
                 done = "resumed" if outcome.changed else "was not paused"
             session.flash.append(f"queue {shown} {done}")
+            session.flash.extend(f"warning: {clip(w, 600)}" for w in warned)
         return redirect("/console/queues")
 
 

@@ -236,8 +236,10 @@ def audit_table(rows: list[tuple[Any, ...]]) -> str:
         f"<tr><td>{stamp(at)}</td><td>{esc(actor)}</td><td>{esc(address)}</td>"
         f"<td>{esc(action)}</td><td><code>{esc(json.dumps(target, sort_keys=True), 300)}"
         "</code></td>"
-        f'<td class="n">{num(affected)}</td></tr>'
-        for _id, at, actor, address, action, target, affected in rows
+        f'<td class="n">{num(affected)}'
+        + (f' <span class="note">(interrupted by {esc(stopped)})</span>' if stopped else "")
+        + "</td></tr>"
+        for _id, at, actor, address, action, target, affected, stopped in rows
     ]
     return table(["when", "who", "from", "action", "on", "rows"], body, empty="no action yet")
 
