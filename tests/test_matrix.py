@@ -260,7 +260,7 @@ CREATE TABLE {s}.mx_log (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, op text, task_id bigint,
     old_state text, new_state text, old_attempts int, new_attempts int,
     old_worker text, new_worker text, lease timestamptz, old_mark bool, new_mark bool,
-    at timestamptz, stmt timestamptz, app text);
+    at timestamptz, stmt timestamptz, app text, moment timestamptz);
 CREATE FUNCTION {s}.mx_log_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -277,11 +277,13 @@ BEGIN
                 current_setting('application_name'));
     ELSE
         INSERT INTO {s}.mx_log (op, task_id, old_state, new_state, old_attempts, new_attempts,
-                                old_worker, new_worker, lease, old_mark, new_mark, at, stmt, app)
+                                old_worker, new_worker, lease, old_mark, new_mark, at, stmt, app,
+                                moment)
         VALUES ('update', NEW.id, OLD.state, NEW.state, OLD.attempts, NEW.attempts,
                 OLD.worker_id, NEW.worker_id, NEW.lease_expires_at,
                 OLD.cancel_requested_at IS NOT NULL, NEW.cancel_requested_at IS NOT NULL,
-                clock_timestamp(), statement_timestamp(), current_setting('application_name'));
+                clock_timestamp(), statement_timestamp(), current_setting('application_name'),
+                NEW.started_at);
     END IF;
     RETURN NULL;
 END $$;
@@ -327,6 +329,7 @@ class Claim:
     leases: list[tuple[float, float]]  # (when written, until)
     out: float | None = None
     out_state: str | None = None
+    moment: float | None = None  # started_at as the claim set it: a rate limit's paced moment
 
     def live(self) -> list[tuple[float, float]]:
         spans = []
@@ -391,6 +394,7 @@ class Evidence:
                         e["at"],
                         e["stmt"],
                         [(e["at"], e["lease"])],
+                        moment=e.get("moment"),
                     )
                     self.claims[task_id].append(current)
                 elif (
@@ -691,8 +695,16 @@ def check_limits(ev: Evidence) -> None:
                     "limits never exceeded (rate)",
                     f"{len(window)} handler starts in the second before {_t(run.wall)}, limit"
                     f" {rate}/s (burst {BURST}):\n"
-                    + "\n".join(f"{_t(r.wall)} {ev.describe(r)}" for r in window),
+                    + "\n".join(f"{_t(r.wall)} {_paced(ev, r)} {ev.describe(r)}" for r in window),
                 )
+
+
+def _paced(ev: Evidence, run: Run) -> str:
+    """How late a handler started after the moment its claim's pace gave it (started_at)."""
+    claim = ev.claim_of(run)
+    if claim is None or claim.moment is None:
+        return "(no paced moment)"
+    return f"(paced for {_t(claim.moment)}, started {1000 * (run.wall - claim.moment):+.0f} ms)"
 
 
 def check_cancels(ev: Evidence) -> None:
@@ -1390,11 +1402,12 @@ class Harness:
         cols = [
             "id", "op", "task_id", "old_state", "new_state", "old_attempts", "new_attempts",
             "old_worker", "new_worker", "lease", "old_mark", "new_mark", "at", "stmt", "app",
+            "moment",
         ]  # fmt: skip
         log = []
         for r in self.db(f"SELECT {', '.join(cols)} FROM {s}.mx_log ORDER BY id"):
             e = dict(zip(cols, r, strict=True))
-            for k in ("lease", "at", "stmt"):
+            for k in ("lease", "at", "stmt", "moment"):
                 e[k] = _ts(e[k])
             for k in ("old_worker", "new_worker"):
                 e[k] = None if e[k] is None else str(e[k])
@@ -1465,6 +1478,8 @@ def run_case(case: Case, server: EmbeddedPostgres, tmp: Path, seed: int) -> Evid
         h.cleanup()
     print(summary(ev))
     check_promises(ev)
+    for note in ev.notes[1 if case.fault == "db-restart" else 0 :]:
+        print(f"  {note}")
     return ev
 
 
