@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import re
 import statistics
 import time
@@ -646,3 +647,63 @@ def test_a_rate_of_0_set_before_is_migrated_to_what_it_meant(conn: psycopg.Conne
         assert rows == [("a", 0, 2, None, None), ("b", None, 0, 5, None)]
     finally:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+class _SlowPool:
+    """A worker's handler pool whose connections take ``delay`` seconds to lend (a pool with no
+    free connection, a server that is coming back)."""
+
+    def __init__(self, real: object, delay: float) -> None:
+        self.real, self.delay = real, delay
+
+    @contextlib.contextmanager
+    def connection(self, *args: object, **kwargs: object) -> Iterator[psycopg.Connection]:
+        time.sleep(self.delay)
+        with self.real.connection(*args, **kwargs) as conn:  # type: ignore[attr-defined]
+            yield conn
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+def test_a_transactional_handler_whose_transaction_opens_past_its_paced_start_is_given_back(
+    schema: str, conn: psycopg.Connection, thread_worker: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (the composition matrix, rate+transactional:db-restart): the runner checked a
+    paced task's start against its moment before lending its transactional handler a connection,
+    so a handler whose connection took long (1.2 s while the server restarted) started late and
+    crowded the next starts of the pace into one window (6 starts in 0.85 s under 5/s). Past its
+    moment's slack, the handler must not start: the task goes back, uncounted, and runs when a
+    connection comes in time."""
+    caplog.set_level(logging.INFO, logger="worker")
+    conn.execute(f"SELECT {schema}.set_queue_limit('paced', rate => 5, rate_seconds => 1)")
+    reg = worker.Registry()
+    ran: list[int] = []
+
+    @reg.task("paced.tx", queue="paced", transactional=True)
+    def paced(payload: dict, ctx: worker.Context) -> None:
+        ran.append(ctx.task_id)
+
+    with thread_worker(reg, poll_interval=0.05, queues=["paced"]) as tw:  # type: ignore[operator]
+        real = wait_until(lambda: tw.worker.pool, timeout=5)
+        tw.worker.pool = _SlowPool(real, 0.3)  # past the slack (2% of 1 s) every time
+        ids = [worker.enqueue(conn, "paced.tx", {}, schema=schema) for _ in range(3)]
+        wait_until(
+            lambda: all(caplog.text.count(f"task {i} attempt 1 given back") >= 2 for i in ids),
+            timeout=20,
+        )
+        assert ran == []  # each was claimed again and again, and given back each time
+        rows = conn.execute(f"SELECT state::text, attempts FROM {schema}.tasks").fetchall()
+        assert {r[0] for r in rows} <= {"queued", "in_progress"} and {r[1] for r in rows} <= {0, 1}
+        assert "MissedStart: the worker was too busy to start it on time" in caplog.text
+        tw.worker.pool = real  # connections come in time again: every task runs, once
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+                ).fetchone()[0]
+                == 3
+            ),
+            timeout=20,
+        )
+    assert sorted(ran) == ids

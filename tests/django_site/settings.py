@@ -40,6 +40,12 @@ TASKS = {
         "QUEUES": ["default", "mail"],
         "OPTIONS": {"SCHEMA": os.environ["DJANGO_SITE_SCHEMA"]},
     },
+    # The composition matrix's tasks (tests/test_matrix.py, django_site/matrix_tasks.py).
+    "matrix": {
+        "BACKEND": "worker.contrib.django.WorkerBackend",
+        "QUEUES": ["mx"],
+        "OPTIONS": {"SCHEMA": os.environ["DJANGO_SITE_SCHEMA"], "MAX_ATTEMPTS": 10},
+    },
     "retrying": {
         "BACKEND": "worker.contrib.django.WorkerBackend",
         "QUEUES": [],
