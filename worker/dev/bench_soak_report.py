@@ -121,6 +121,17 @@ def _verdict_word(met: bool | None) -> str:
 
 
 def print_summary(s: dict[str, Any]) -> None:
+    if len(s["blocks"]) > 1:
+        print(f"  per {WINDOW} minutes:")
+        for b in s["blocks"]:
+            wal, cpu = b["wal_bytes_per_task"], b["db_cpu_ms_per_task"]
+            print(
+                f"    {b['minutes']:>7}  p50 {b['p50_ms']} ms, p99 {b['p99_ms']} ms; table "
+                f"{b['total_mb_at_end']:,.1f} MB, {b['dead_rows_at_end']:,} dead rows at the "
+                f"end; autovacuum {b['autovacuum_runs']} run(s), {b['autovacuum_seconds']} s; "
+                f"WAL {'-' if wal is None else f'{wal:,}'} B/task, database CPU "
+                f"{'-' if cpu is None else cpu} ms/task"
+            )
     v = s["verdict"]
     w = v["window_minutes"]
     print(
