@@ -39,10 +39,10 @@ SELECT pg_relation_size(s.relid) AS heap_bytes,
  WHERE s.relid = format('%%I.tasks', %(schema)s::text)::regclass;
 
 -- name: soak_vacuuming
--- Vacuums of the task table running now, each by its process and who runs it: sampled every
--- half second, how long each run lasts (a run shorter than that may go unseen; the counts of
--- soak_table do not miss it).
-SELECT p.pid, a.backend_type = 'autovacuum worker' AS auto, a.backend_start
+-- Vacuums of the task table running now, by process, and whether autovacuum runs it: sampled
+-- every half second, how long each run lasts (a run shorter than that may go unseen; the counts
+-- of soak_table do not miss it).
+SELECT p.pid, a.backend_type = 'autovacuum worker' AS auto
   FROM pg_stat_progress_vacuum AS p
   JOIN pg_stat_activity AS a ON a.pid = p.pid
  WHERE p.relid = format('%%I.tasks', %(schema)s::text)::regclass;

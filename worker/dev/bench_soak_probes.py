@@ -126,22 +126,31 @@ class ServerCpu:
 
 
 class Vacuums:
-    """Runs of VACUUM on the task table seen by sampling: (pid, backend start) -> [auto, first
-    seen, last seen] (monotonic seconds)."""
+    """Runs of VACUUM on the task table seen by sampling, each [auto, first seen, last seen]
+    (monotonic seconds). A run is one process seen vacuuming the table in consecutive samples: a
+    worker's maintenance connection runs many, one after another."""
 
     def __init__(self) -> None:
-        self.runs: dict[tuple[int, Any], list[Any]] = {}
+        self.runs: list[list[Any]] = []
+        self._running: dict[int, list[Any]] = {}  # pid -> its run, as of the last sample
 
     def sample(self, conn: psycopg.Connection, q: Any) -> None:
         now = time.monotonic()
-        for pid, auto, began in conn.execute(q["soak_vacuuming"], {"schema": BENCH_SCHEMA}):
-            self.runs.setdefault((pid, began), [bool(auto), now, now])[2] = now
+        seen: dict[int, list[Any]] = {}
+        for pid, auto in conn.execute(q["soak_vacuuming"], {"schema": BENCH_SCHEMA}):
+            run = self._running.get(pid)
+            if run is None:
+                run = [bool(auto), now, now]
+                self.runs.append(run)
+            run[2] = now
+            seen[pid] = run
+        self._running = seen
 
     def busy(self, start: float, end: float, *, auto: bool) -> float:
         """Seconds of [start, end) during which such a vacuum was seen running."""
         return sum(
             max(0.0, min(last + PROGRESS_SECONDS, end) - max(first, start))
-            for kind, first, last in self.runs.values()
+            for kind, first, last in self.runs
             if kind == auto
         )
 
@@ -153,7 +162,7 @@ class Vacuums:
                 "minute": int((first - t0) // minute),
                 "seconds": round(last - first + PROGRESS_SECONDS, 1),
             }
-            for kind, first, last in sorted(self.runs.values(), key=lambda r: r[1])
+            for kind, first, last in self.runs
             if kind == auto
         ]
 
