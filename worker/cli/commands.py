@@ -352,6 +352,7 @@ def _warn_attached_workers(dsn: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    bench.check(args)
     return bench.main(args, resolve_dsn(args.dsn))
 
 

@@ -24,6 +24,7 @@ import psycopg
 
 from ..db.connect import BENCH, connect
 from ..tasks.enqueue import enqueue_many
+from . import bench_soak
 from .bench_ceiling import ceiling
 from .bench_phases import (
     BENCH_SCHEMA,
@@ -169,6 +170,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep another session's transaction open during the drains, as a "
         "forgotten psql session would: vacuum then cannot remove dead rows",
     )
+    bench_soak.add_arguments(p, whole=_int_in, number=_number_in)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The flags that depend on each other, before any server is started."""
+    bench_soak.check(args)
 
 
 def _enqueue(conn: psycopg.Connection, n: int) -> float:
@@ -301,6 +308,8 @@ def _verdict(met: bool | None) -> str:
 
 def main(args: argparse.Namespace, dsn: str) -> int:
     """``worker bench``; the CLI resolves the DSN (flag, environment or embedded server)."""
+    if args.soak:
+        return bench_soak.main(args, dsn)
     r = run(dsn, args)
     if args.json:
         print(json.dumps(r, indent=2))

@@ -190,8 +190,9 @@ def queue_table(
             elif page.finished_exact:
                 counts[state] = num(page.finished.get((name, state), 0))
             else:
+                # 0 is exact: the planner's estimate is never below one row (see seen_none).
                 n = page.finished.get((name, state))
-                counts[state] = "-" if n is None else "≈" + num(n)
+                counts[state] = "-" if n is None else "0" if n == 0 else "≈" + num(n)
         cells = [f'<td data-col="queue">{linked(name, "", esc(name))}</td>']
         for state, value in counts.items():
             cls = " bad" if state == "failed" and value not in ("0", "-") else ""
