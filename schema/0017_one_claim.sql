@@ -170,7 +170,7 @@ SELECT {schema}.sync_limit_permits(l.queue) FROM {schema}.queue_limits AS l;
 --     at most: a key whose permits another transaction is making is left for the next claim);
 --   * the pace of the rate limits: the queue's pace row and each key's, taken with SKIP LOCKED
 --     (busy: this claim takes nothing under that pace); starts are spaced at least
---     period / rate x 1.05 apart (the 5% absorbs the jitter of the handlers' start: up to 2%
+--     period / rate x 1.05 apart (the 5% absorbs the jitter of the handlers' start: up to 3%
 --     late by the runner's clock, the rest for the delays it cannot see), up to
 --     `burst` at once, and only those due within `lookahead` seconds are taken.
 -- `wait_seconds` says when the next start is allowed when a rate held work back; `held` that a

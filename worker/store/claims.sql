@@ -170,7 +170,7 @@ WITH asked AS (
               t.trace_context::text AS trace_context,
               -- A paced start in seconds from now by the database clock (the worker counts
               -- them from when it reads this row, by its own clock), and how late it may start:
-              -- 2% of the shortest period of the queue's rates (the pace leaves 5%: the rest is
+              -- 3% of the shortest period of the queue's rates (the pace leaves 5%: the rest is
               -- for the delays between this statement and the handler's call the worker cannot
               -- measure, such as this row's way back and a busy machine's scheduling).
               CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
@@ -183,7 +183,7 @@ WITH asked AS (
 SELECT m.id, m.task, m.payload, m.attempts, m.max_attempts, m.queue, m.priority, m.run_at,
        m.created_at, m.claimed_at, m.xid, m.trace_context, m.start_in,
        CASE WHEN m.start_in IS NOT NULL
-            THEN (SELECT 0.02 * least(ql.rate_seconds, ql.key_rate_seconds)
+            THEN (SELECT 0.03 * least(ql.rate_seconds, ql.key_rate_seconds)
                     FROM {schema}.queue_limits AS ql WHERE ql.queue = m.queue) END AS slack,
        coalesce(m.limit_held, false) AS limited, NULL::double precision AS wait_seconds,
        NULL::boolean AS held
