@@ -29,14 +29,20 @@ ROOT = Path(__file__).resolve().parent.parent
 _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_run"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that needs a database ``db``, so ``pytest -m "not db"`` runs the rest (SQL
-    parsing, backoff, cron arithmetic, journal records, escaping, redaction, layout) in seconds."""
+    parsing, backoff, cron arithmetic, journal records, escaping, redaction, layout) in seconds.
+    The ``deploy`` smoke tests (an image build and a stack started, minutes each) run only when
+    ``-m`` names them (``pytest -m deploy``); otherwise they are skipped, saying so."""
+    asked = "deploy" in (config.getoption("markexpr", "") or "")
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module else ""
         if "pg_dsn" in getattr(item, "fixturenames", ()) or name in _SERVER_MODULES:
             item.add_marker(pytest.mark.db)
+        if not asked and item.get_closest_marker("deploy"):
+            reason = "deploy smoke: run with `pytest -m deploy` (builds the image)"
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,12 @@ from ..coord import pause as _pause
 from ..db.dsn import dsn_source_from_env, redact
 from ..db.migrate import migrate
 from ..dev import bench, demo
-from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from ..dev.embedded import (
+    EmbeddedError,
+    EmbeddedPostgres,
+    EmbeddedUnavailable,
+    default_data_dir,
+)
 from ..dev.embedded.attached import attached_workers
 from ..ops import actions as _actions
 from ..ops import bulk as _bulk
@@ -285,6 +290,17 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 
 def cmd_embedded(args: argparse.Namespace) -> int:
+    """start, stop or status. A failure is one line: exit 2 when there is no PostgreSQL to run
+    (the ``embedded`` extra is not installed), 1 when the server would not start or stop."""
+    try:
+        return _embedded(args)
+    except EmbeddedUnavailable as exc:
+        raise CliError(str(exc), 2) from None
+    except EmbeddedError as exc:
+        raise CliError(str(exc), 1) from None
+
+
+def _embedded(args: argparse.Namespace) -> int:
     data_dir = default_data_dir()
     server = EmbeddedPostgres(data_dir)
     if args.action == "stop":
