@@ -170,7 +170,8 @@ SELECT {schema}.sync_limit_permits(l.queue) FROM {schema}.queue_limits AS l;
 --     at most: a key whose permits another transaction is making is left for the next claim);
 --   * the pace of the rate limits: the queue's pace row and each key's, taken with SKIP LOCKED
 --     (busy: this claim takes nothing under that pace); starts are spaced at least
---     period / rate x 1.02 apart (the 2% absorbs the jitter of the handlers' start), up to
+--     period / rate x 1.05 apart (the 5% absorbs the jitter of the handlers' start: up to 2%
+--     late by the runner's clock, the rest for the delays it cannot see), up to
 --     `burst` at once, and only those due within `lookahead` seconds are taken.
 -- `wait_seconds` says when the next start is allowed when a rate held work back; `held` that a
 -- concurrency limit did.
@@ -246,7 +247,7 @@ BEGIN
     END IF;
 
     IF lim.rate IS NOT NULL AND room > 0 THEN
-        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.02);
+        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
         SELECT r.tat INTO tat FROM {schema}.limit_rates AS r
          WHERE r.queue = q AND r.limit_key = '' FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
@@ -258,7 +259,7 @@ BEGIN
 
     keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
     IF lim.key_rate IS NOT NULL THEN
-        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.02);
+        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.05);
     END IF;
 
     IF room > 0 AND NOT keyed THEN

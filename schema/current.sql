@@ -615,7 +615,7 @@ BEGIN
     END IF;
 
     IF lim.rate IS NOT NULL AND room > 0 THEN
-        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.02);
+        gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
         SELECT r.tat INTO tat FROM "worker".limit_rates AS r
          WHERE r.queue = q AND r.limit_key = '' FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
@@ -627,7 +627,7 @@ BEGIN
 
     keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
     IF lim.key_rate IS NOT NULL THEN
-        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.02);
+        key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.05);
     END IF;
 
     IF room > 0 AND NOT keyed THEN
@@ -870,15 +870,17 @@ BEGIN
 END;
 $$;
 
--- Name: finish_action(bigint, jsonb, boolean); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: finish_action(bigint, jsonb, boolean, text); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.finish_action(action_id bigint, counts jsonb, finished boolean DEFAULT true) RETURNS void
+CREATE FUNCTION worker.finish_action(action_id bigint, counts jsonb, finished boolean DEFAULT true, interrupted text DEFAULT NULL::text) RETURNS void
     LANGUAGE sql
     AS $$
-    UPDATE "worker".actions
-       SET counts = coalesce(finish_action.counts, '{}'),
-           finished_at = CASE WHEN finish_action.finished THEN now() END
-     WHERE id = finish_action.action_id;
+    UPDATE "worker".actions AS a
+       SET counts = coalesce(finish_action.counts, a.counts, '{}'),
+           finished_at = CASE WHEN finish_action.finished OR finish_action.interrupted IS NOT NULL
+                              THEN now() END,
+           interrupted = left(nullif(finish_action.interrupted, ''), 100)
+     WHERE a.id = finish_action.action_id;
 $$;
 
 -- Name: make_key_limits(text, text, integer); Type: FUNCTION; Schema: worker; Owner: -
@@ -1030,25 +1032,66 @@ BEGIN
 END;
 $$;
 
--- Name: set_queue_limit(text, integer, integer, integer, double precision, integer, double precision, text, text, integer, integer); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: set_queue_limit(text, bigint, bigint, bigint, double precision, bigint, double precision, text, text, bigint, bigint); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.set_queue_limit(queue text, concurrency integer DEFAULT NULL::integer, key_concurrency integer DEFAULT NULL::integer, rate integer DEFAULT NULL::integer, rate_seconds double precision DEFAULT NULL::double precision, key_rate integer DEFAULT NULL::integer, key_rate_seconds double precision DEFAULT NULL::double precision, source text DEFAULT 'operator'::text, updated_by text DEFAULT CURRENT_USER, burst integer DEFAULT NULL::integer, key_burst integer DEFAULT NULL::integer) RETURNS boolean
+CREATE FUNCTION worker.set_queue_limit(queue text, concurrency bigint DEFAULT NULL::bigint, key_concurrency bigint DEFAULT NULL::bigint, rate bigint DEFAULT NULL::bigint, rate_seconds double precision DEFAULT NULL::double precision, key_rate bigint DEFAULT NULL::bigint, key_rate_seconds double precision DEFAULT NULL::double precision, source text DEFAULT 'operator'::text, updated_by text DEFAULT CURRENT_USER, burst bigint DEFAULT NULL::bigint, key_burst bigint DEFAULT NULL::bigint) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_variable
 DECLARE
     changed boolean;
+    r       record;
 BEGIN
     IF queue IS NULL OR queue = '' OR char_length(queue) > 255 THEN
         RAISE EXCEPTION 'a queue name is 1 to 255 characters' USING ERRCODE = '22023';
     END IF;
-    IF num_nonnulls(concurrency, key_concurrency, rate, key_rate) = 0 THEN
-        RAISE EXCEPTION 'give at least one limit (use clear_queue_limit to remove them)'
+    IF source IS NULL OR source NOT IN ('code', 'operator') THEN
+        RAISE EXCEPTION 'source is ''code'' or ''operator'', not %', coalesce(source, 'NULL')
             USING ERRCODE = '22023';
     END IF;
-    IF concurrency > 100000 OR key_concurrency > 100000 THEN
-        RAISE EXCEPTION 'a concurrency limit is at most 100000' USING ERRCODE = '22023';
+    IF num_nonnulls(concurrency, key_concurrency, rate, key_rate) = 0 THEN
+        RAISE EXCEPTION 'give at least one limit: concurrency, key_concurrency, rate or key_rate'
+            USING ERRCODE = '22023', HINT = 'clear_queue_limit(queue) removes a queue''s limits.';
     END IF;
+    IF concurrency < 0 OR concurrency > 100000 THEN
+        RAISE EXCEPTION 'concurrency must be 0 to 100000 tasks running at once, not %',
+            concurrency USING ERRCODE = '22023';
+    END IF;
+    IF key_concurrency < 0 OR key_concurrency > 100000 THEN
+        RAISE EXCEPTION 'key_concurrency must be 0 to 100000 tasks running at once, not %',
+            key_concurrency USING ERRCODE = '22023';
+    END IF;
+    FOR r IN SELECT * FROM (VALUES
+        ('rate', rate, rate_seconds, burst, 'burst'),
+        ('key_rate', key_rate, key_rate_seconds, key_burst, 'key_burst')) AS v(name, n, s, b, bname)
+    LOOP
+        IF r.n IS NULL THEN
+            IF r.s IS NOT NULL THEN
+                RAISE EXCEPTION '%_seconds goes with %', r.name, r.name USING ERRCODE = '22023';
+            END IF;
+            IF r.b IS NOT NULL THEN
+                RAISE EXCEPTION '% goes with %', r.bname, r.name USING ERRCODE = '22023';
+            END IF;
+            CONTINUE;
+        END IF;
+        IF r.n < 1 OR r.n > 1000000000 THEN
+            RAISE EXCEPTION '% must be 1 to 1000000000 starts per period, not %', r.name, r.n
+                USING ERRCODE = '22023',
+                      HINT = 'A queue that should start nothing: pause it, or set a concurrency of 0.';
+        END IF;
+        IF r.s IS NOT NULL AND (r.s = 'NaN' OR r.s <= 0 OR r.s > 31622400) THEN
+            RAISE EXCEPTION '%_seconds must be more than 0 and at most 31622400 (a year), not %',
+                r.name, r.s USING ERRCODE = '22023';
+        END IF;
+        IF r.n / coalesce(r.s, 1) > 1000000 THEN
+            RAISE EXCEPTION '% is at most 1000000 starts a second, not % per % s', r.name, r.n,
+                coalesce(r.s, 1) USING ERRCODE = '22023';
+        END IF;
+        IF r.b IS NOT NULL AND (r.b < 1 OR r.b > 100000) THEN
+            RAISE EXCEPTION '% must be 1 to 100000 starts at once, not %', r.bname, r.b
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
     IF rate IS NOT NULL AND rate_seconds IS NULL THEN
         rate_seconds := 1;
     END IF;
@@ -1058,12 +1101,8 @@ BEGIN
     INSERT INTO "worker".queue_limits AS l
         (queue, concurrency, key_concurrency, rate, rate_seconds, key_rate, key_rate_seconds,
          burst, key_burst, source, updated_by)
-    VALUES (queue, concurrency, key_concurrency, rate,
-            CASE WHEN rate IS NOT NULL THEN rate_seconds END, key_rate,
-            CASE WHEN key_rate IS NOT NULL THEN key_rate_seconds END,
-            CASE WHEN rate IS NOT NULL THEN burst END,
-            CASE WHEN key_rate IS NOT NULL THEN key_burst END, source,
-            left(coalesce(updated_by, ''), 200))
+    VALUES (queue, concurrency, key_concurrency, rate, rate_seconds, key_rate, key_rate_seconds,
+            burst, key_burst, source, left(coalesce(updated_by, ''), 200))
     ON CONFLICT ON CONSTRAINT queue_limits_pkey DO UPDATE
        SET concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
            rate = excluded.rate, rate_seconds = excluded.rate_seconds,
@@ -1198,9 +1237,11 @@ CREATE TABLE worker.actions (
     filter jsonb DEFAULT '{}'::jsonb NOT NULL,
     counts jsonb DEFAULT '{}'::jsonb NOT NULL,
     address text DEFAULT ''::text NOT NULL,
+    interrupted text,
     CONSTRAINT actions_action_length CHECK (((char_length(action) >= 1) AND (char_length(action) <= 100))),
     CONSTRAINT actions_actor_length CHECK (((char_length(actor) >= 1) AND (char_length(actor) <= 200))),
     CONSTRAINT actions_address_length CHECK ((char_length(address) <= 100)),
+    CONSTRAINT actions_interrupted_length CHECK (((char_length(interrupted) >= 1) AND (char_length(interrupted) <= 100))),
     CONSTRAINT actions_source_length CHECK ((char_length(source) <= 200))
 );
 
@@ -1293,11 +1334,23 @@ CREATE TABLE worker.queue_limits (
     key_burst integer,
     CONSTRAINT queue_limits_burst CHECK (((burst >= 1) AND (key_burst >= 1))),
     CONSTRAINT queue_limits_concurrency CHECK (((concurrency >= 0) AND (key_concurrency >= 0))),
-    CONSTRAINT queue_limits_key_rate CHECK ((((key_rate IS NULL) = (key_rate_seconds IS NULL)) AND (key_rate >= 0) AND (key_rate_seconds > (0)::double precision) AND (key_rate_seconds <= (31622400)::double precision))),
+    CONSTRAINT queue_limits_key_rate CHECK ((((key_rate IS NULL) = (key_rate_seconds IS NULL)) AND (key_rate >= 1) AND (key_rate_seconds > (0)::double precision) AND (key_rate_seconds <= (31622400)::double precision))),
     CONSTRAINT queue_limits_queue CHECK (((queue <> ''::text) AND (char_length(queue) <= 255))),
-    CONSTRAINT queue_limits_rate CHECK ((((rate IS NULL) = (rate_seconds IS NULL)) AND (rate >= 0) AND (rate_seconds > (0)::double precision) AND (rate_seconds <= (31622400)::double precision))),
+    CONSTRAINT queue_limits_rate CHECK ((((rate IS NULL) = (rate_seconds IS NULL)) AND (rate >= 1) AND (rate_seconds > (0)::double precision) AND (rate_seconds <= (31622400)::double precision))),
     CONSTRAINT queue_limits_some CHECK ((num_nonnulls(concurrency, key_concurrency, rate, key_rate) > 0)),
     CONSTRAINT queue_limits_source CHECK ((source = ANY (ARRAY['code'::text, 'operator'::text])))
+);
+
+-- Name: queue_minutes; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.queue_minutes (
+    minute timestamp with time zone NOT NULL,
+    queue text NOT NULL,
+    queued bigint DEFAULT 0 NOT NULL,
+    in_progress bigint DEFAULT 0 NOT NULL,
+    waited integer DEFAULT 0 NOT NULL,
+    wait_p50 double precision,
+    wait_p99 double precision
 );
 
 -- Name: schema_migrations; Type: TABLE; Schema: worker; Owner: -
@@ -1306,6 +1359,16 @@ CREATE TABLE worker.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- Name: stats_minutes; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.stats_minutes (
+    minute timestamp with time zone NOT NULL,
+    sampled_at timestamp with time zone DEFAULT now() NOT NULL,
+    queued bigint DEFAULT 0 NOT NULL,
+    queued_capped boolean DEFAULT false NOT NULL,
+    in_progress bigint DEFAULT 0 NOT NULL
 );
 
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
@@ -1418,10 +1481,20 @@ ALTER TABLE ONLY worker.paused_queues
 ALTER TABLE ONLY worker.queue_limits
     ADD CONSTRAINT queue_limits_pkey PRIMARY KEY (queue);
 
+-- Name: queue_minutes queue_minutes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.queue_minutes
+    ADD CONSTRAINT queue_minutes_pkey PRIMARY KEY (minute, queue);
+
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
 ALTER TABLE ONLY worker.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+-- Name: stats_minutes stats_minutes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.stats_minutes
+    ADD CONSTRAINT stats_minutes_pkey PRIMARY KEY (minute);
 
 -- Name: task_routes task_routes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 

@@ -3,10 +3,13 @@ per test, and helpers to run workers in threads or as real processes."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -29,36 +32,65 @@ ROOT = Path(__file__).resolve().parent.parent
 _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_run"}
 
 
+# Fixtures that start or connect to a PostgreSQL server (fixturenames holds every fixture a
+# test needs, its fixtures' fixtures included).
+_SERVER_FIXTURES = {"pg_dsn", "private_server", "make_server", "shared_server", "special"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that needs a database ``db``, so ``pytest -m "not db"`` runs the rest (SQL
-    parsing, backoff, cron arithmetic, journal records, escaping, redaction, layout) in seconds.
-    The ``deploy`` smoke tests (an image build and a stack started, minutes each) run only when
-    ``-m`` names them (``pytest -m deploy``); otherwise they are skipped, saying so."""
+    """Mark ``db`` every test that needs PostgreSQL or runs `worker` processes (which try to reach
+    one), so that ``pytest -m "not db"`` runs the rest (SQL parsing, backoff, cron arithmetic,
+    journal records, escaping, redaction, layout) in seconds. Tests that run processes without a
+    server fixture carry the mark themselves. The ``deploy`` smoke tests (an image build and a
+    stack started, minutes each) run only when ``-m`` names them (``pytest -m deploy``);
+    otherwise they are skipped, saying so."""
     asked = "deploy" in (config.getoption("markexpr", "") or "")
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module else ""
-        if "pg_dsn" in getattr(item, "fixturenames", ()) or name in _SERVER_MODULES:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _SERVER_FIXTURES or name in _SERVER_MODULES or _runs_worker(item):
             item.add_marker(pytest.mark.db)
         if not asked and item.get_closest_marker("deploy"):
             reason = "deploy smoke: run with `pytest -m deploy` (builds the image)"
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
+_PROCESS_CALLS = ("run_cli(", "spawn_cli(", "worker_cli(", "EmbeddedPostgres(")
+
+
+def _runs_worker(item: pytest.Item) -> bool:
+    """Whether the test's own code runs `worker` processes or starts a server."""
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function else ""
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in _PROCESS_CALLS)
+
+
 @pytest.fixture(scope="session")
-def pg_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_dsn() -> Iterator[str]:
     """The database every test uses. Without WORKER_TEST_DSN an embedded server is started for
     the session (fsync off: the tests check behaviour, `worker bench` measures speed)."""
     env = os.environ.get("WORKER_TEST_DSN")
     if env:
         yield env
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
-    dsn = server.start()
+    # Not under pytest's temporary folder: as root the server runs as another user, and every
+    # pytest session that starts (the tests run some) takes the others' search bit off
+    # /tmp/pytest-of-root, which cut the server off its own data folder (a PANIC at its next
+    # checkpoint, and every later test of this process failing to connect).
+    folder = Path(tempfile.mkdtemp(prefix="worker-tests-pg-"))
     try:
-        yield dsn
+        server = EmbeddedPostgres(folder / "data", durable=False)
+        dsn = server.start()
+        try:
+            yield dsn
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -46,6 +46,18 @@ def r_unstorable(payload: dict[str, Any]) -> Any:
     return "\ud800"  # a lone surrogate
 
 
+@worker.task("r_keys", store_result=True, max_attempts=3)
+def r_keys(payload: dict[str, Any]) -> Any:
+    kind = payload["kind"]
+    if kind == "int and str":
+        return {"counts": {1: "one as a number", "1": "one as text"}}
+    if kind == "none and null":
+        return [{None: 0, "null": 1}]
+    if kind == "true and str":
+        return {True: "yes", "true": "also yes"}
+    return {1: "a", 2.5: "b", None: "c", False: "d", "x": {7: "e"}}  # written as text, no clash
+
+
 @worker.task("r_fail", store_result=True, max_attempts=1)
 def r_fail(payload: dict[str, Any]) -> None:
     raise ValueError("boom: ünïcode")

@@ -142,10 +142,9 @@ def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str) -> None:
 def test_a_bad_flag_is_one_line_and_exit_2(
     flag: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--dsn", "postgresql://nowhere.invalid/db", *flag])
+    code = main(["bench", "--dsn", "postgresql://nowhere.invalid/db", *flag])
     out, err = capsys.readouterr()
-    assert exit_.value.code == 2
+    assert code == 2
     assert out == "" and len(err.splitlines()) == 1, err
     assert flag[0] in err
 
@@ -168,5 +167,137 @@ def test_the_limited_drains_are_reported_as_ratios_of_the_unlimited_drain(
         # (the rates are rounded to whole tasks per second, the ratio is not)
         assert d["ratio"] == pytest.approx(d["drain_per_s"] / report["drain_per_s"], abs=0.002)
         assert d["all_ratios"] == [d["ratio"]]
-    met = lim["concurrency"]["ratio"] >= 0.7 and lim["rate"]["ratio"] >= 0.7
+    met = lim["concurrency"]["ratio"] >= 0.8 and lim["rate"]["ratio"] >= 0.8
     assert lim["target_met"] is met
+
+
+# -- the soak -------------------------------------------------------------------------------------
+
+SOAK = (
+    "--soak",
+    "3",
+    "--soak-minute-seconds",
+    "5",
+    "--soak-hold",
+    "1",
+    "--soak-share",
+    "0.02",
+    "--tasks",
+    "1000",
+    "--concurrency",
+    "20",
+)
+MINUTE_FIELDS = {
+    "minute",
+    "tasks",
+    "held",
+    "sampled",
+    "unclaimed",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "backlog",
+    "heap_mb",
+    "index_mb",
+    "total_mb",
+    "total_bytes",
+    "dead_rows",
+    "live_rows",
+    "autovacuum_runs",
+    "autovacuum_seconds",
+    "vacuum_runs",
+    "vacuum_seconds",
+    "autoanalyze_runs",
+    "wal_bytes_per_task",
+    "db_cpu_ms_per_task",
+}
+
+
+def _latency_sane(r: dict[str, Any]) -> None:
+    assert r["sampled"] > 0
+    assert 0 <= r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+
+
+def test_a_short_soak_reports_each_minute_and_its_verdicts(pg_dsn: str) -> None:
+    """Three 'minutes' of five seconds at 2% of the drain measured first, the middle one under a
+    held transaction: every figure of every minute is there and plausible, and each verdict
+    follows from the figures it compares (no figure is checked against a speed)."""
+    r = run_cli("bench", "--dsn", pg_dsn, *SOAK, "--json", timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)["soak"]
+    assert s["minutes_run"] == 3 and s["minute_seconds"] == 5
+    assert s["drain_per_s"] > 0 and s["share"] == 0.02
+    assert s["rate_per_s"] == pytest.approx(0.02 * s["drain_per_s"], rel=0.01, abs=0.1)
+    assert s["keep_done"] == 3600  # the worker's default retention
+    assert s["settings"]["autovacuum"] in ("on", "off")
+    assert "autovacuum_vacuum_threshold" in s["settings"]["table_options"]
+    minutes = s["minutes"]
+    assert [m["minute"] for m in minutes] == [1, 2, 3]
+    assert [m["held"] for m in minutes] == [False, True, False]
+    for m in minutes:
+        assert set(m) == MINUTE_FIELDS, m
+        assert m["tasks"] > 0
+        # At this rate every task of the minute is read (by id); the last ones may still wait
+        # for their claim when the minute ends (counted as waiting until then).
+        assert m["sampled"] == m["tasks"]
+        assert 0 <= m["unclaimed"] <= m["sampled"] and m["backlog"] >= 0
+        _latency_sane(m)
+        assert m["total_bytes"] > 0 and m["heap_mb"] >= 0 and m["index_mb"] > 0
+        assert m["dead_rows"] >= 0 and m["live_rows"] >= 0
+        for key in ("autovacuum_runs", "vacuum_runs", "autoanalyze_runs"):
+            assert m[key] >= 0
+        assert m["autovacuum_seconds"] >= 0 and m["vacuum_seconds"] >= 0
+        # A task's row is written several times (insert, claim, finish): hundreds of bytes.
+        assert 100 < m["wal_bytes_per_task"] < 1_000_000
+        cpu = m["db_cpu_ms_per_task"]
+        assert cpu is None or cpu > 0  # None only when the server is not on this machine
+    # Nothing is purged within the hour kept: the table only grows.
+    sizes = [m["total_bytes"] for m in minutes]
+    assert sizes == sorted(sizes)
+    (block,) = s["blocks"]
+    assert block["minutes"] == "1-3" and block["tasks"] == sum(m["tasks"] for m in minutes)
+    _latency_sane(block)
+
+    v = s["verdict"]
+    assert v["window_minutes"] == 1  # a three-minute soak compares its first and last minute
+    assert v["first"]["p99_ms"] == minutes[0]["p99_ms"]
+    assert v["last"]["p99_ms"] == minutes[-1]["p99_ms"]
+    assert v["p99_ratio"] == round(v["last"]["p99_ms"] / v["first"]["p99_ms"], 2)
+    assert v["p99_met"] is (v["p99_ratio"] <= 1.5)
+    assert v["size_ratio"] == round(sizes[-1] / sizes[0], 2)
+    assert v["size_met"] is (v["size_ratio"] <= 2)
+
+    h = s["hold"]
+    assert (h["minutes"], h["from_minute"], h["to_minute"]) == (1, 2, 2)
+    assert h["held"]["p99_ms"] == minutes[1]["p99_ms"]
+    assert h["before"]["p99_ms"] == minutes[0]["p99_ms"]
+    assert h["p99_ratio"] == round(h["held"]["p99_ms"] / h["before"]["p99_ms"], 2)
+    assert h["target_met"] is (h["p99_ratio"] <= 2)
+
+    # With --json the minutes go to stderr as they end: a header and one line each.
+    lines = [x for x in r.stderr.splitlines() if x.startswith("  ")]
+    assert "p99 ms" in lines[0] and len(lines) == 4, r.stderr
+    assert lines[2].endswith("held")
+    with psycopg.connect(pg_dsn) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'worker_bench'"
+        ).fetchone()[0]
+    assert left == 0
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--soak-hold", "5"),  # without --soak
+        ("--soak", "3", "--soak-hold", "2"),  # no two minutes before the hold
+        ("--soak", "3", "--keep-done", "60"),  # the minutes' rows gone before they are read
+        ("--soak", "3", "--soak-rate", "10", "--soak-share", "0.5"),
+        ("--soak", "3", "--soak-share", "0"),
+        ("--soak", "-1"),
+        ("--soak", "3", "--soak-minute-seconds", "0.5"),
+    ],
+)
+def test_bad_soak_flags_are_one_line_and_exit_2(flags: tuple[str, ...]) -> None:
+    r = run_cli("bench", "--dsn", "postgresql://nowhere.invalid/db", *flags)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import getpass
 import json
+import signal
 import socket
 import subprocess
+import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -273,8 +276,8 @@ def test_running_tasks_of_a_real_worker_are_never_touched(
     )
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, queue, payload)"
-        " SELECT 'slow', 'slowq', '{\"sleep\": 4}' FROM generate_series(1, 3)"
-    )
+        " SELECT 'slow', 'slowq', '{\"sleep\": 8}' FROM generate_series(1, 3)"
+    )  # long enough for two commands to start and act on a busy machine
     env = {"WORKER_DSN": pg_dsn, "WORKER_SCHEMA": schema}
     common = _common(pg_dsn, schema)
     proc = spawn_cli(
@@ -515,6 +518,115 @@ def test_the_python_api_records_an_action_for_the_console(
     assert [a["id"] for a in recent] == [second, first]
     assert recent[0]["actor"] == "x" * 200 and recent[1]["filter"] == {"queue": "mail"}
     assert recent[1]["finished_at"] is not None
+
+
+# -- interrupted by a signal ----------------------------------------------------------------------
+
+
+def _action(conn: psycopg.Connection, schema: str) -> tuple[Any, ...] | None:
+    """The latest action: id, finished_at, interrupted, counts (read as JSON, so that this runs
+    on a schema from before the column too)."""
+    return conn.execute(
+        f"SELECT id, finished_at, to_jsonb(a) ->> 'interrupted', counts FROM {schema}.actions"
+        " AS a ORDER BY id DESC LIMIT 1"
+    ).fetchone()
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "as_json"), [(signal.SIGTERM, 143, False), (signal.SIGINT, 130, True)]
+)
+def test_a_bulk_action_stopped_by_a_signal_ends_between_batches_and_says_how_far_it_got(
+    pg_dsn: str, schema: str, conn: psycopg.Connection, sig: signal.Signals, code: int,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """100,000 failures, 100 a batch: a signal once some batches committed stops the action
+    after the batch in flight. The record has the counts of the batches that committed (what
+    the table shows), its finish time and the signal; one line (or the JSON) says so; the exit
+    code is 128 + the signal's number. Before, SIGTERM killed it silently with counts {} and no
+    finish time, and SIGINT printed nothing."""
+    _failed(conn, schema, 100_000)
+    extra = ["--json"] if as_json else []
+    proc = spawn_cli(
+        "retry", "--queue", "mail", "--yes", "--batch-size", "100", *extra,
+        *_common(pg_dsn, schema), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+
+        def changed() -> int:
+            return states(conn, schema).get("queued", 0)
+
+        wait_until(lambda: proc.poll() is not None or changed() >= 3_000, timeout=60, interval=0.01)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, (out, err)
+    assert err == ""
+    queued = states(conn, schema).get("queued", 0)
+    assert states(conn, schema) == {"queued": queued, "failed": 100_000 - queued}
+    assert 3_000 <= queued < 100_000 and queued % 100 == 0  # whole batches, none half-done
+    action_id, finished_at, interrupted, counts = _action(conn, schema)
+    assert finished_at is not None and interrupted == sig.name
+    assert counts["changed"] == counts["matched"] == queued
+    assert counts["batches"] == queued // 100
+    if as_json:
+        doc = json.loads(out)
+        assert doc["interrupted"] == sig.name and doc["complete"] is False
+        assert doc["changed"] == queued and doc["action_id"] == action_id
+    else:
+        assert out.splitlines() == [
+            f"interrupted by {sig.name} after {queued // 100:,} batch(es): requeued {queued:,}"
+            f" of the {queued:,} task(s) matched so far, matching state failed, queue 'mail';"
+            f" recorded as action #{action_id} by {getpass.getuser()}@{socket.gethostname()};"
+            " the rest are as they were: run it again to go on"
+        ]
+    # Run again, it does the rest.
+    r = run_cli("retry", "--queue", "mail", "--yes", "--json", *_common(pg_dsn, schema))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["changed"] == 100_000 - queued
+    assert states(conn, schema) == {"queued": 100_000}
+    assert _action(conn, schema)[2] is None  # ran to its end
+
+
+def test_a_second_signal_cancels_the_batch_in_flight_which_rolls_back_whole(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A batch that cannot go on (here: the table is locked) holds the first Ctrl-C's stop; the
+    second cancels its statement, which rolls back, and the action ends as interrupted, having
+    changed nothing."""
+    _failed(conn, schema, 500)
+    with psycopg.connect(pg_dsn) as locker:
+        locker.execute(f"LOCK TABLE {schema}.tasks IN EXCLUSIVE MODE")
+        proc = spawn_cli(
+            "delete", "--queue", "mail", "--yes", *_common(pg_dsn, schema),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            wait_until(
+                lambda: conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'worker/cli'"
+                    " AND wait_event_type = 'Lock'"
+                ).fetchone()[0],
+                timeout=60,
+            )
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert proc.poll() is None  # the first waits for the batch in flight
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        locker.rollback()
+    assert proc.returncode == 130, (out, err)
+    assert out.startswith("interrupted by SIGINT before any batch committed: nothing deleted,")
+    assert len(out.splitlines()) == 1 and err == ""
+    assert states(conn, schema) == {"failed": 500}
+    _, finished_at, interrupted, counts = _action(conn, schema)
+    assert finished_at is not None and interrupted == "SIGINT"
+    assert counts["changed"] == 0 and counts["batches"] == 0
 
 
 # -- psql ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def _one_line_error(r, code: int = 2) -> str:
 
 def test_unreachable_database_is_one_line_without_the_password() -> None:
     r = run_cli("status", "--dsn", "postgresql://app:s3cret-pw@127.0.0.1:1/nodb")
-    line = _one_line_error(r)
+    line = _one_line_error(r, 4)  # cannot reach the database
     assert "cannot connect to the database" in line
     assert "s3cret-pw" not in r.stderr + r.stdout
     assert "app:***@127.0.0.1:1" in line

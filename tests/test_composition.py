@@ -145,8 +145,17 @@ def test_a_worker_frozen_in_its_limited_claim_stalls_nobody(
             ),
             timeout=10,
         )
-        with worker_process(pg_dsn, schema, "--queues", "lim,plain", "--concurrency", "10"):
-            time.sleep(1.0)  # B is up
+        with worker_process(pg_dsn, schema, "--queues", "lim,plain", "--concurrency", "10") as b:
+            # B is up (registered, so claiming) before the clock of the promise starts: on a
+            # busy machine a new process may take more than a second to get there.
+            wait_until(
+                lambda: conn.execute(
+                    f"SELECT 1 FROM {schema}.workers WHERE pid = %s AND stopped_at IS NULL",
+                    (b.pid,),
+                ).fetchone(),
+                timeout=30,
+            )
+            time.sleep(0.3)  # its first claim and LISTEN are done
             _enqueue(conn, schema, "lim.run", 4, 1.5)
             _enqueue(conn, schema, "plain.run", 3, 0.0)
             wait_until(lambda: _count(conn, schema, "plain") == 3, timeout=10)

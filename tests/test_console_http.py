@@ -223,6 +223,7 @@ def test_the_token_never_leaves_the_server(
 # -- `worker run` ----------------------------------------------------------------------------------
 
 
+@pytest.mark.db  # runs `worker run`
 def test_run_takes_the_token_only_from_a_file_or_the_environment(tmp_path: Path) -> None:
     secret = "s3cret-console-token-on-the-command-line"
     short = tmp_path / "short"
@@ -466,6 +467,31 @@ def test_pause_is_recorded_once_and_resume_removes_it(pg_dsn: str, schema: str) 
         for bad in ("", "q" * 256):
             with pytest.raises(ValueError, match="1 to 255 characters"):
                 _pause.pause(conn, schema, bad, "alice")
+
+
+def test_the_console_warns_when_it_pauses_a_queue_nothing_has_named(
+    armed: MetricsServer, schema: str, conn: psycopg.Connection
+) -> None:
+    """The pause is made, as from the CLI, with the same warning as a second flash message."""
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'emails')")
+    session, csrf = signed_in(armed)
+    flashes = []
+    for queue in ("emails", "emials"):
+        form = {"csrf": csrf, "queue": queue}
+        status, headers, _ = request(armed, "POST", "/console/queues/pause", form, session)
+        assert status == 303 and headers["location"] == "/console/queues"
+        page = request(armed, "GET", headers["location"], headers=session)[2]
+        flashes.append(re.findall(r'<div class="flash" role="status">([^<]*)</div>', page))
+    assert flashes == [
+        ["queue emails paused"],
+        [
+            "queue emials paused",
+            "warning: no task, worker, limit, pause or recent action has named queue "
+            "&#x27;emials&#x27;: paused it all the same (for tasks still to come); did you mean "
+            "&#x27;emails&#x27;? known queues: &#x27;emails&#x27;",
+        ],
+    ]
+    assert sorted(p.queue for p in _pause.paused(conn, schema)) == ["emails", "emials"]
 
 
 # -- bounds ----------------------------------------------------------------------------------------

@@ -697,6 +697,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.db  # runs worker commands
 def test_without_the_extra_the_embedded_commands_name_it(
     without_embedded: dict[str, str],
 ) -> None:
@@ -722,10 +723,10 @@ def test_without_the_extra_the_embedded_commands_name_it(
         )
         assert (r.returncode, r.stdout, r.stderr) == (2, "", f"worker: error: {expected}\n"), args
     assert not Path(without_embedded["WORKER_EMBEDDED_DIR"]).exists()
-    r = cli(without_embedded, "embedded", "status")
-    assert r.returncode == 0 and r.stdout.startswith("stopped: "), r.stderr
+    r = cli(without_embedded, "embedded", "status")  # as `systemctl status`: 1 when stopped
+    assert r.returncode == 1 and r.stdout.startswith("stopped: "), r.stderr
     r = cli(without_embedded, "status")  # read-only: no server, the same line as ever
-    assert r.returncode == 1 and "is not running" in r.stderr
+    assert r.returncode == 4 and "is not running" in r.stderr
 
 
 def test_without_the_extra_a_worker_with_a_dsn_works(
@@ -1181,6 +1182,7 @@ def _pg_bin() -> Path | None:
     return found[-1].parent if found else None
 
 
+@pytest.mark.db  # starts a PostgreSQL
 @pytest.mark.skipif(
     os.geteuid() != 0 or _pg_bin() is None or shutil.which("setpriv") is None,
     reason="runs the stand-in postgres image's entrypoint as its container would: needs root, "

@@ -26,7 +26,7 @@ from django.db import connections, transaction
 from django.test import override_settings
 from psycopg.types.json import Jsonb
 
-from worker import TaskCancelled, WorkerConfig, cancel, enqueue
+from worker import SchemaMissing, TaskCancelled, WorkerConfig, cancel, enqueue
 from worker.contrib.django.compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
@@ -288,6 +288,29 @@ def test_a_non_postgresql_database_is_refused_clearly(tasks: Any) -> None:
     ]
 
 
+def test_enqueue_on_a_schema_that_is_not_there_says_to_migrate(
+    tasks: Any, site: str, pg_dsn: str
+) -> None:
+    """Not PostgreSQL's error: one line naming Django's command, on the backend's database."""
+    line = (
+        "schema 'no_such_schema' has no worker tables in this database: "
+        "run `python manage.py migrate --database elsewhere`"
+    )
+    with pytest.raises(SchemaMissing) as info:
+        tasks.unmigrated.enqueue()
+    assert str(info.value) == line
+    with pytest.raises(SchemaMissing) as info, transaction.atomic(using="elsewhere"):
+        tasks.unmigrated.enqueue()
+    assert str(info.value) == line
+    with pytest.raises(SchemaMissing) as info:
+        tasks.unmigrated.get_result("1")
+    assert str(info.value) == line
+    # Django's connection goes on: the failed statement's transaction was rolled back.
+    with connections["elsewhere"].cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+
+
 def _manage(pg_dsn: str, site: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **_site_env(pg_dsn, site), "PYTHONPATH": str(ROOT / "tests")}
     return subprocess.run(
@@ -319,7 +342,8 @@ def test_the_management_command_refuses_bad_options(site: str) -> None:
         call_command("worker_run", "--backend", "unmigrated")
     assert info.value.returncode == 2
     assert str(info.value) == (
-        "schema 'no_such_schema' has no worker tables in this database: run `worker migrate` first"
+        "schema 'no_such_schema' has no worker tables in this database: "
+        "run `python manage.py migrate --database elsewhere`"
     )
 
 

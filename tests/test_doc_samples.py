@@ -49,6 +49,7 @@ RESULTS = "docs/howto/results-and-waiting.md"
 TESTING = "docs/howto/testing.md"
 TYPED_PAYLOADS = "docs/howto/typed-payloads.md"
 FASTAPI = "docs/howto/fastapi.md"
+IN_PROCESS = "docs/howto/in-process-worker.md"
 DJANGO = "docs/howto/django.md"
 CRON_AND_LOCKS = "docs/howto/cron-and-locks.md"
 OPENTELEMETRY = "docs/howto/opentelemetry.md"
@@ -81,6 +82,7 @@ def test_the_marked_samples_are_found() -> None:
         TESTING: {"shop.py", "test_shop.py"},
         TYPED_PAYLOADS: {"billing.py", "produce_bills.py"},
         FASTAPI: {"app.py"},
+        IN_PROCESS: {"in_app.py"},
         DJANGO: {"site_settings.py", "orders.py"},
         CRON_AND_LOCKS: {"jobs.py", "schedules.py", "crm_sync.py", "books.py"},
         OPENTELEMETRY: {"traced.py"},
@@ -239,11 +241,27 @@ def test_the_fastapi_sample(tmp_path: Path, database: str) -> None:
     assert lines[-2:] == ["[('ada@example.com', 'done'), ('ping', 'done')]", "0"]
 
 
+# The manage.py of `django-admin startproject`, for the settings of the Django page.
+MANAGE_PY = """\
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "site_settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+"""
+
+
 def test_the_django_sample(tmp_path: Path, database: str) -> None:
     """An order placed commits its task, a blocked one rolls it back; `manage.py worker_run`
     (here `python -m django worker_run`, the same command without a manage.py) runs it, and
-    get_result() reads its return value. The page's set-up step made the schema."""
-    set_up(tmp_path, DJANGO, database)
+    get_result() reads its return value. The page's set-up step (`manage.py migrate`, in the
+    project the page's settings make) made the schema."""
+    write_samples(tmp_path, DJANGO)
+    (tmp_path / "manage.py").write_text(MANAGE_PY)
+    set_up(tmp_path, DJANGO, database, says="Applying worker_django.0001_tasks... OK")
     env = {"DJANGO_SETTINGS_MODULE": "site_settings"}
     place = textwrap.dedent(
         """
@@ -273,6 +291,34 @@ def test_the_django_sample(tmp_path: Path, database: str) -> None:
     with psycopg.connect(database) as conn:
         rows = conn.execute("SELECT task, payload FROM worker.tasks").fetchall()
     assert rows == [("orders.send_receipt", {"args": [7, "ada@example.com"], "kwargs": {}})]
+
+
+def test_the_in_process_sample(tmp_path: Path, database: str) -> None:
+    """Before the page's set-up step the sample stops at its start with the page's one line (the
+    worker never ran); after it, the task runs."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA worker CASCADE")
+    out = run(tmp_path, IN_PROCESS, database, "in_app.py")
+    assert out.returncode == 1
+    line = out.stderr.strip().splitlines()[-1]
+    assert line == (
+        "worker.errors.SchemaMissing: schema 'worker' has no worker tables in this database: "
+        "run `worker migrate`"
+    )
+    assert f"```text\n{line}\n```" in read(IN_PROCESS)
+    assert "hello" not in out.stdout
+    set_up(tmp_path, IN_PROCESS, database)
+    out = run(tmp_path, IN_PROCESS, database, "in_app.py")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "hello ada\n"
+
+
+def test_every_integration_page_starts_with_its_set_up_step() -> None:
+    """Its first section, before anything else, holds the commands that make the schema."""
+    for page in (FASTAPI, DJANGO, IN_PROCESS):
+        first = read(page).split("\n## ", 2)[1]
+        assert first.startswith("First: create the queue's tables\n"), page
+        assert "<!-- commands: setup -->" in first, page
 
 
 def commands(page: str, name: str) -> str:
@@ -306,11 +352,13 @@ def reader_env(folder: Path, dsn: str) -> dict[str, str]:
     return {**env, "DATABASE_URL": dsn, "PATH": path}
 
 
-def set_up(folder: Path, page: str, dsn: str) -> None:
+def set_up(
+    folder: Path, page: str, dsn: str, *, says: str = "migration(s) to schema worker"
+) -> None:
     """The set-up step an integration page starts with, run as written on a database that has
-    no queue schema yet."""
+    no queue schema yet; its output ``says`` it made the schema."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DROP SCHEMA worker CASCADE")
+        conn.execute("DROP SCHEMA IF EXISTS worker CASCADE")
     out = subprocess.run(
         ["bash", "-e", "-c", commands(page, "setup")],
         cwd=folder,
@@ -320,7 +368,7 @@ def set_up(folder: Path, page: str, dsn: str) -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "migration(s) to schema worker" in out.stdout
+    assert says in out.stdout
 
 
 def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str) -> None:
@@ -349,11 +397,11 @@ def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str)
     try:
         assert shell.wait(timeout=60) == 0, log.read_text()
         with psycopg.connect(database, autocommit=True) as conn:
-            # Its queue is "mail", or "default" when the enqueue came before the worker declared
-            # its routes (see "Which queue"): the worker serves both.
-            sql = "SELECT state::text FROM worker.tasks WHERE task = 'send_email'"
+            # In "mail", its handler's queue, every time: `worker migrate --module tasks`
+            # recorded the route before the worker in the background had started.
+            sql = "SELECT queue, state::text FROM worker.tasks WHERE task = 'send_email'"
             deadline = time.monotonic() + 30
-            while conn.execute(sql).fetchall() != [("done",)]:
+            while conn.execute(sql).fetchall() != [("mail", "done")]:
                 assert time.monotonic() < deadline, conn.execute(sql).fetchall()
                 time.sleep(0.05)
     finally:
@@ -370,6 +418,7 @@ def test_the_first_worker_commands_run_as_written(tmp_path: Path, database: str)
     assert re.search(r"^\d+$", text, re.M)  # the id `worker enqueue` printed
     assert re.search(r"^queue\s+scheduled\s+queued", text, re.M)  # `worker status`
     assert "Traceback" not in text
+    assert "warning" not in text  # the task was known: no typo warning
 
 
 def test_the_tutorial_runs_as_written(tmp_path: Path, database: str) -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 from conftest import states, wait_until
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 import worker
+from worker.db.migrate import latest_version, migrate
 from worker.db.sql import notify_channel
 
 
@@ -204,3 +209,82 @@ def test_enqueue_async_with_connection_and_pool(
     assert a != b and b == c
     rows = conn.execute(f"SELECT payload FROM {schema}.tasks ORDER BY id").fetchall()
     assert rows == [({"n": 1},), ({"n": 2},)]
+
+
+def _absent_schema(conn: psycopg.Connection) -> str:
+    name = f"absent_{uuid.uuid4().hex[:12]}"
+    assert conn.execute("SELECT to_regnamespace(%s)", (name,)).fetchone() == (None,)
+    return name
+
+
+def test_enqueue_on_a_missing_schema_says_to_migrate_it(
+    pg_dsn: str, conn: psycopg.Connection
+) -> None:
+    """Every way in (a DSN, a connection inside the caller's transaction, COPY, asyncio with a
+    pool) raises worker.SchemaMissing with one line naming the command, not PostgreSQL's error."""
+    absent = _absent_schema(conn)
+    line = (
+        f"schema '{absent}' has no worker tables in this database: "
+        f"run `worker migrate --schema {absent}`"
+    )
+
+    def raised(call: Any) -> str:
+        with pytest.raises(worker.SchemaMissing) as info:
+            call()
+        return str(info.value)
+
+    assert raised(lambda: worker.enqueue(pg_dsn, "job", {"n": 1}, schema=absent)) == line
+    assert raised(lambda: worker.enqueue_many(pg_dsn, "job", [{}, {}], schema=absent)) == line
+    assert raised(lambda: worker.enqueue_many(conn, "job", [{}], delay=5, schema=absent)) == line
+    with psycopg.connect(pg_dsn) as txn:  # not autocommit: inside the caller's transaction
+        txn.execute("SELECT 1")
+        assert raised(lambda: worker.enqueue(txn, "job", schema=absent)) == line
+
+    async def through_a_pool() -> None:
+        async with AsyncConnectionPool(pg_dsn, open=False) as pool:
+            await worker.enqueue_async(pool, "job", {"n": 1}, schema=absent)
+
+    assert raised(lambda: asyncio.run(through_a_pool())) == line
+
+
+def test_enqueue_on_an_empty_or_older_schema_says_to_migrate_it(
+    pg_dsn: str, conn: psycopg.Connection
+) -> None:
+    empty, older = _absent_schema(conn), _absent_schema(conn)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(empty)))
+    migrate(conn, older, up_to=12)  # before trace contexts (0013): enqueue() has fewer arguments
+    try:
+        for name in (empty, older):
+            with pytest.raises(worker.SchemaMissing) as info:
+                worker.enqueue(pg_dsn, "job", schema=name)
+            assert str(info.value) == (
+                f"schema '{name}' is not migrated to version {latest_version()}, which this "
+                f"version of worker-pg needs: run `worker migrate --schema {name}`"
+            )
+        with pytest.raises(worker.SchemaMissing, match="has no worker tables"):
+            worker.enqueue_many(pg_dsn, "job", [{}], schema=empty)
+    finally:
+        for name in (empty, older):
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_only_the_queues_own_schema_is_translated(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """A trigger of the user's on the task table that reads a table that is not there (in a
+    schema whose name even starts with the queue's) fails with PostgreSQL's own error; the queue's
+    missing schema, beside it, with SchemaMissing."""
+    conn.execute(
+        f"""
+        CREATE FUNCTION {schema}.audit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM 1 FROM {schema}_audit.log; RETURN NEW; END $$;
+        CREATE TRIGGER audit BEFORE INSERT ON {schema}.tasks
+            FOR EACH ROW EXECUTE FUNCTION {schema}.audit();
+        """
+    )
+    with pytest.raises(psycopg.errors.UndefinedTable, match=f"{schema}_audit.log"):
+        worker.enqueue(pg_dsn, "job", schema=schema)
+    with pytest.raises(psycopg.errors.UndefinedTable, match=f"{schema}_audit.log"):
+        worker.enqueue_many(pg_dsn, "job", [{}], schema=schema)
+    with pytest.raises(worker.SchemaMissing, match=f"run `worker migrate --schema {schema}_a`"):
+        worker.enqueue(pg_dsn, "job", schema=f"{schema}_a")

@@ -1,12 +1,13 @@
 """Every statement that `worker status`, the status page, the console, the metrics collector,
-purge and `worker retry --failed` run, on a task table of 5M rows (issue 11): no sequential scan of
-the task table, and under 200 ms each (the console's searches: a bounded walk, under 1.5 s). Then
-the commands themselves, on that table.
+purge, the minute rollup and `worker retry --failed` run, on a task table of 5M rows (issue 11): no
+sequential scan of the task table, and under 200 ms each (the console's searches: a bounded walk,
+under 1.5 s). Then the commands themselves, on that table.
 
 The table is built once per test run, in a schema of its own: 4M finished rows (1M of them failed,
 over the week failures are kept), 1M waiting (900k scheduled), a few thousand running, in ten
 queues and five priorities; a queue that no worker serves, a task no worker has a handler for,
-failures whose dedupe key a queued task holds, cron rows, and rows past their retention for purge.
+failures whose dedupe key a queued task holds, cron rows, and rows past their retention for purge;
+and a day of the minute rollup, 100 queues a minute (the most it records).
 
 Each statement runs under EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) in a transaction that is rolled
 back, with JIT off as the code runs it (no_jit). TIMING OFF: per-node clock
@@ -31,8 +32,10 @@ import pytest
 from psycopg import sql
 
 from worker.cli.main import main
+from worker.coord import pause as _pause
 from worker.db.migrate import migrate
 from worker.db.sql import notify_channel, parse_named, statements
+from worker.engine import rollup
 from worker.monitor.console.data import (
     MINUTE_CAP,
     PAGE_ROWS,
@@ -41,9 +44,10 @@ from worker.monitor.console.data import (
     download_params,
     task_params,
 )
-from worker.monitor.console.filter import Filter
+from worker.monitor.console.filter import Filter, encode_cursor
 from worker.monitor.metrics.collector import DatabaseCollector
 from worker.monitor.metrics.instruments import DEFAULT_COUNT_CAP
+from worker.monitor.page.trends import MINUTES, WAIT_QUEUES
 from worker.monitor.readmodel import FINISHED_CAP, MAX_QUEUES, REST_CAP, Database
 from worker.ops import status as _admin
 
@@ -215,8 +219,24 @@ def _build(conn: psycopg.Connection, s: str) -> None:
         f"INSERT INTO {s}.workers (id, host, pid, queues, concurrency, stopped_at)"
         " VALUES (gen_random_uuid(), 'gone', 1, ARRAY['mial'], 1, now() - interval '1 hour')"
     )
+    # A day of the minute rollup (schema/0018), as many queues a minute as it keeps.
+    conn.execute(
+        f"INSERT INTO {s}.stats_minutes (minute, sampled_at, queued, in_progress)"
+        " SELECT m, m + interval '65 seconds', 100000, 2000"
+        "   FROM generate_series(date_trunc('minute', now()) - interval '1 day',"
+        "                        date_trunc('minute', now()), interval '1 minute') AS m"
+    )
+    conn.execute(
+        f"INSERT INTO {s}.queue_minutes (minute, queue, queued, in_progress, waited, wait_p50,"
+        " wait_p99)"
+        " SELECT m.minute, 'queue-' || g, g, mod(g, 7), 100 * g, g * 0.01, g * 0.2"
+        f"   FROM {s}.stats_minutes AS m CROSS JOIN generate_series(1, %s) AS g",
+        (rollup.MAX_QUEUES,),
+    )
     conn.execute(f"VACUUM ANALYZE {t}")
     conn.execute(f"VACUUM ANALYZE {s}.workers")
+    conn.execute(f"VACUUM ANALYZE {s}.stats_minutes")
+    conn.execute(f"VACUUM ANALYZE {s}.queue_minutes")
 
 
 @pytest.fixture(scope="session")
@@ -282,6 +302,25 @@ def _ids(where: str, n: int = 100) -> Callable[[psycopg.Connection, str], dict[s
         return {"ids": [r[0] for r in rows]}
 
     return params
+
+
+def _busy_minute(conn: psycopg.Connection, s: str) -> dict[str, Any]:
+    """The minute rollup's record of a minute among the done rows (72,000 of them a minute)."""
+    row = conn.execute(
+        f"SELECT date_trunc('minute', max(finished_at)) - interval '5 minutes' FROM {s}.tasks"
+        " WHERE state IN ('done', 'cancelled')"
+    ).fetchone()
+    assert row is not None
+    return rollup.record_params(row[0])
+
+
+def _window_start(conn: psycopg.Connection, s: str) -> dict[str, Any]:
+    """The charts' window, as trend_window gives it."""
+    row = conn.execute(
+        f"SELECT date_trunc('minute', now()) - make_interval(mins => {MINUTES - 1})"
+    ).fetchone()
+    assert row is not None
+    return {"start": row[0], "queues": WAIT_QUEUES}
 
 
 def _minutes(conn: psycopg.Connection, s: str) -> dict[str, Any]:
@@ -357,6 +396,14 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
     ),
     "throughput_minutes": _minutes,
     "console_minute": _no_params,
+    # monitor/console/trends.sql: the charts' reads of the minute rollup
+    "trend_window": _fixed(minutes=MINUTES),
+    "trend_depth": _window_start,
+    "trend_waits": _window_start,
+    # engine/rollup.sql: a worker's record of a minute (rolled back)
+    "rollup_claim": _fixed(minute=None, settle=rollup.SETTLE_SECONDS),
+    "rollup_record": _busy_minute,
+    "rollup_forget": _fixed(keep=rollup.KEEP_SECONDS),
     # store/operator.sql, ops/audit.sql and coord/pause.sql: the console's actions (rolled back)
     "requeue": lambda conn, s: {**_ids("state = 'failed'")(conn, s), "dry_run": False},
     "delete_tasks": _ids("state = 'done'"),
@@ -369,11 +416,13 @@ STATEMENTS: dict[str, Callable[[psycopg.Connection, str], dict[str, Any]]] = {
         finished=True,
         address="127.0.0.1",
     ),
-    "action_finish": _fixed(id=1, counts="{}", finished=True),
+    "action_finish": _fixed(id=1, counts="{}", finished=True, interrupted=None),
     "actions_recent": _fixed(limit=20),
     "pause_queue": _fixed(queue="mail", by="alice"),
     "resume_queue": _fixed(queue="mail"),
     "paused_queues": _fixed(limit=10_000),
+    # a queue no row names (the read that warns `worker pause` of a typo): every probe misses
+    "queue_known": _fixed(queue="mial", names=_pause.KNOWN_NAMES, recent=_pause.KNOWN_RECENT),
     # store/operator.sql and coord/cancel.sql: a cancel of queued and running tasks (rolled
     # back), and the lease keeper's read of cancel requests when it cannot LISTEN
     "cancel_tasks": lambda conn, s: {
@@ -403,6 +452,8 @@ GUARDED = [
     "monitor/readmodel.sql",
     "monitor/metrics/metrics.sql",
     "monitor/console/browse.sql",
+    "monitor/console/trends.sql",
+    "engine/rollup.sql",
     "coord/pause.sql",
     "coord/cancel.sql",
 ]
@@ -460,6 +511,50 @@ def test_statement_reads_indexes_and_is_fast(conn: psycopg.Connection, big: str,
     ]
     assert not scans, f"{name}: sequential scan of the task table"
     assert ms < LIMIT_MS, f"{name}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
+
+
+DONE_PAGES = {
+    # (filter, offset of the page's cursor among the done rows of the filter, newest first)
+    "the first page": ({"state": "done"}, None),
+    "a page in the middle": ({"state": "done"}, 1_400_000),
+    "the first page of a busy queue": ({"state": "done", "queue": "default"}, None),
+    "a page in the middle of a busy queue": ({"state": "done", "queue": "default"}, 400_000),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DONE_PAGES))
+def test_the_done_browser_is_quick(conn: psycopg.Connection, big: str, case: str) -> None:
+    """The job browser on done tasks (2.9M of them, with cancelled ones in the same index), as the
+    console links to it (the state, or a queue's done count): under 200 ms a page, from the start
+    or from a cursor deep in the rows."""
+    fields, offset = DONE_PAGES[case]
+    cursor = None
+    if offset is not None:
+        row = conn.execute(
+            f"SELECT id, finished_at FROM {big}.tasks WHERE state IN ('done', 'cancelled')"
+            " AND state = 'done' AND (%s::text IS NULL OR queue = %s)"
+            " ORDER BY finished_at DESC, id DESC OFFSET %s LIMIT 1",
+            (fields.get("queue"), fields.get("queue"), offset),
+        ).fetchone()
+        assert row is not None
+        cursor = encode_cursor("finished", {"id": row[0], "finished_at": row[1]})
+    name, params = browse_statement(Filter(**fields), cursor, limit=PAGE_ROWS, scan=SCAN_ROWS)
+    assert name == "browse_finished"
+    q = q_of(big)
+    runs = []
+    for _ in range(3):
+        with conn.transaction(force_rollback=True):
+            conn.execute(q["no_jit"])
+            row = conn.execute(
+                b"EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + q[name].as_bytes(conn), params
+            ).fetchone()
+        assert row is not None
+        runs.append((float(row[0][0]["Execution Time"]), row[0][0]["Plan"]))
+    ms, plan = min(runs, key=lambda r: r[0])
+    TIMINGS[f"(done) {case}"[:40]] = ms
+    assert plan["Actual Rows"] == params["limit"]  # a full page, the next one begins after it
+    assert not [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan"]
+    assert ms < LIMIT_MS, f"{case}: {ms:.1f} ms (runs: {[round(r[0], 1) for r in runs]})"
 
 
 SEARCH_LIMIT_MS = 1500.0

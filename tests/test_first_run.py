@@ -235,7 +235,11 @@ def test_read_only_commands_never_create_a_server(
     for args in (["status"], ["status", "--id", "1"], ["status", "--json"], ["doctor"],
                  ["doctor", "--json"], ["wait", "1"], ["cron"], ["locks"]):  # fmt: skip
         code, out, err = main_in_process(*args)
-        assert code == 1 and out == "", (args, out, err)
+        assert code == 4, (args, out, err)  # the database cannot be reached
+        if "--json" in args:  # the error as a JSON object too
+            assert json.loads(out)["error"]["exit_code"] == 4, out
+        else:
+            assert out == "", (args, out)
         assert err.count("\n") == 1 and "is not running" in err, (args, err)
         assert str(pgdata) in err and "worker embedded start" in err
     assert not (tmp_path / "xdg").exists() and not (tmp_path / ".worker").exists()
@@ -272,7 +276,7 @@ def test_one_embedded_server_per_user(
         no_dsn(monkeypatch, user.xdg)
         monkeypatch.chdir(user.b)
         code, _, err = main_in_process("status")
-        assert code == 1 and "is not running" in err
+        assert code == 4 and "is not running" in err
         assert not user.server.is_running()
 
         # The demo (three processes) in one folder, its queue seen from the other; Ctrl-C

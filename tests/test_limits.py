@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import re
 import statistics
 import time
@@ -24,6 +25,8 @@ from test_pool import kill_tree
 
 import worker
 from worker import store
+from worker.db.migrate import migrations
+from worker.db.sql import render
 from worker.monitor.server import serve
 
 
@@ -499,3 +502,208 @@ def test_a_slot_frees_when_its_lease_expires_before_rescue(
         " WHERE task = 'dead'"
     )
     assert [r.task for r in _claim(conn, schema, ["q"], 5)] == ["next"]
+
+
+# -- values out of range ---------------------------------------------------------------------------
+
+BAD_LIMITS = [
+    # (flags, what the one line says after "worker: error: ")
+    (
+        ["--rate", "99999999999/s"],
+        "--rate must be 1 to 1000000000 starts per period, not 99999999999",
+    ),
+    (["--key-rate", "99999999999/min"], "--key-rate must be 1 to 1000000000 starts per period"),
+    (
+        ["--rate", "0/s"],
+        "--rate must be 1 to 1000000000 starts per period, not 0 (to start nothing",
+    ),
+    (["--rate", "-1/s"], "--rate must be N/PERIOD, as 50/s, 1000/h or 10/5min, not '-1/s'"),
+    (["--rate=-5/min"], "--rate must be N/PERIOD"),
+    (["--rate", "5/x"], "--rate must be N/PERIOD, as 50/s, 1000/h or 10/5min, not '5/x'"),
+    (["--rate", "5"], "--rate must be N/PERIOD"),
+    (["--rate", "1e3/s"], "--rate must be N/PERIOD"),
+    (["--rate", "5/0s"], "--rate must have a period of more than 0 s up to a year, not 0 s"),
+    (["--rate", "5/400d"], "--rate must have a period of more than 0 s up to a year"),
+    (
+        ["--rate", "2000000/s"],
+        "--rate must be at most 1000000 starts a second, not 2000000 per 1 s",
+    ),
+    (["--rate", "1/0.0000001s"], "--rate must be at most 1000000 starts a second"),
+    (["--concurrency", "-1"], "--concurrency must be a whole number from 0 to 100000"),
+    (["--concurrency", "200000"], "--concurrency must be a whole number from 0 to 100000"),
+    (["--concurrency", "99999999999"], "--concurrency must be a whole number from 0 to 100000"),
+    (["--concurrency", "abc"], "--concurrency must be a whole number from 0 to 100000"),
+    (["--concurrency", "1.5"], "--concurrency must be a whole number from 0 to 100000 (tasks"),
+    (["--key-concurrency", "100001"], "--key-concurrency must be a whole number from 0 to 100000"),
+    (["--rate", "5/s", "--burst", "0"], "--burst must be a whole number from 1 to 100000"),
+    (["--rate", "5/s", "--burst", "-3"], "--burst must be a whole number from 1 to 100000"),
+    (["--rate", "5/s", "--burst", "100001"], "--burst must be a whole number from 1 to 100000"),
+    (["--key-rate", "5/s", "--key-burst", "x"], "--key-burst must be a whole number"),
+    (["--concurrency", "2", "--burst", "5"], "--burst goes with --rate"),
+    (["--rate", "5/s", "--key-burst", "3"], "--key-burst goes with --key-rate"),
+    ([], "give at least one of --concurrency, --key-concurrency, --rate, --key-rate"),
+]
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_LIMITS)
+def test_limits_out_of_range_are_one_line_exit_2_and_change_nothing(
+    pg_dsn: str, schema: str, conn: psycopg.Connection, flags: list[str], message: str
+) -> None:
+    """Checked in Python before the database sees them (a value the table's integer cannot hold
+    made the database answer "function ... does not exist", exit 1)."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 3, rate => 10)")
+    before = conn.execute(f"SELECT l::text FROM {schema}.queue_limits AS l").fetchall()
+    r = run_cli("limits", "set", "q", *flags, "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"worker: error: {message}"), r.stderr
+    assert conn.execute(f"SELECT l::text FROM {schema}.queue_limits AS l").fetchall() == before
+
+
+def test_limits_at_the_ends_of_their_ranges_are_taken(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    r = run_cli(
+        "limits", "set", "q", "--concurrency", "0", "--key-concurrency", "100000", "--rate",
+        "1000000/s", "--burst", "100000", "--key-rate", "1/366d", "--key-burst", "1",
+        "--dsn", pg_dsn, "--schema", schema,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    row = conn.execute(
+        f"SELECT concurrency, key_concurrency, rate, rate_seconds, burst, key_rate,"
+        f" key_rate_seconds, key_burst FROM {schema}.queue_limits"
+    ).fetchone()
+    assert row == (0, 100_000, 1_000_000, 1.0, 100_000, 1, 366 * 86400.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("rate => 99999999999", "rate must be 1 to 1000000000 starts per period, not 99999999999"),
+        ("rate => 0", "rate must be 1 to 1000000000 starts per period, not 0"),
+        ("key_rate => -1", "key_rate must be 1 to 1000000000 starts per period, not -1"),
+        ("rate => 5, rate_seconds => 0", "rate_seconds must be more than 0 and at most 31622400"),
+        ("rate => 5, rate_seconds => 'NaN'", "rate_seconds must be more than 0"),
+        ("rate => 10, rate_seconds => 0.000001", "rate is at most 1000000 starts a second"),
+        ("concurrency => 200000", "concurrency must be 0 to 100000 tasks running at once"),
+        ("key_concurrency => -1", "key_concurrency must be 0 to 100000 tasks running at once"),
+        ("concurrency => 1, burst => 3", "burst goes with rate"),
+        ("concurrency => 1, key_rate_seconds => 3", "key_rate_seconds goes with key_rate"),
+        ("rate => 5, burst => 0", "burst must be 1 to 100000 starts at once, not 0"),
+        ("key_rate => 5, key_burst => 100001", "key_burst must be 1 to 100000 starts at once"),
+        ("concurrency => 1, source => 'x'", "source is 'code' or 'operator', not x"),
+        ("updated_by => 'ops'", "give at least one limit"),
+    ],
+)
+def test_the_database_refuses_limits_out_of_range_with_a_clear_message(
+    schema: str, conn: psycopg.Connection, args: str, message: str
+) -> None:
+    """For SQL callers, who have no Python in front of them."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 3)")
+    before = conn.execute(f"SELECT l::text FROM {schema}.queue_limits AS l").fetchall()
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+        conn.execute(f"SELECT {schema}.set_queue_limit('q', {args})")
+    assert str(info.value).startswith(message), str(info.value)
+    assert conn.execute(f"SELECT l::text FROM {schema}.queue_limits AS l").fetchall() == before
+
+
+def test_the_python_api_refuses_limits_out_of_range(schema: str, conn: psycopg.Connection) -> None:
+    for kwargs, message in [
+        ({"rate": (0, 1.0)}, "rate must be 1 to 1000000000 starts per period, not 0"),
+        ({"rate": "99999999999/s"}, "rate must be 1 to 1000000000"),
+        ({"concurrency": 100_001}, "concurrency must be a whole number from 0 to 100000"),
+        ({"concurrency": True}, "concurrency must be a whole number"),
+        ({"key_rate": "5/s", "key_burst": 0}, "key_burst must be a whole number from 1 to"),
+        ({"concurrency": 1, "burst": 2}, "burst goes with rate"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            worker.set_queue_limits(conn, "q", schema=schema, **kwargs)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            worker.limit("q", **kwargs)
+    assert conn.execute(f"SELECT count(*) FROM {schema}.queue_limits").fetchone() == (0,)
+
+
+def test_a_rate_of_0_set_before_is_migrated_to_what_it_meant(conn: psycopg.Connection) -> None:
+    """A rate of 0 made every claim of a worker serving its queue divide by zero; migration 0019
+    turns it into a concurrency of 0 (nothing starts), which claims run."""
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    try:
+        conn.execute(f"CREATE SCHEMA {name}")
+        (this,) = (m for m in migrations() if m.name == "operator_checks")
+        for m in migrations():
+            if m.version >= this.version:
+                break
+            conn.execute(render(m.text, name))
+        conn.execute(
+            f"INSERT INTO {name}.queue_limits (queue, rate, rate_seconds, key_rate,"
+            " key_rate_seconds, key_concurrency) VALUES ('a', 0, 1, NULL, NULL, 2),"
+            " ('b', 5, 1, 0, 60, NULL)"
+        )
+        conn.execute(render(this.text, name))
+        rows = conn.execute(
+            f"SELECT queue, concurrency, key_concurrency, rate, key_rate"
+            f" FROM {name}.queue_limits ORDER BY 1"
+        ).fetchall()
+        assert rows == [("a", 0, 2, None, None), ("b", None, 0, 5, None)]
+    finally:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+class _SlowPool:
+    """A worker's handler pool whose connections take ``delay`` seconds to lend (a pool with no
+    free connection, a server that is coming back)."""
+
+    def __init__(self, real: object, delay: float) -> None:
+        self.real, self.delay = real, delay
+
+    @contextlib.contextmanager
+    def connection(self, *args: object, **kwargs: object) -> Iterator[psycopg.Connection]:
+        time.sleep(self.delay)
+        with self.real.connection(*args, **kwargs) as conn:  # type: ignore[attr-defined]
+            yield conn
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+def test_a_transactional_handler_whose_transaction_opens_past_its_paced_start_is_given_back(
+    schema: str, conn: psycopg.Connection, thread_worker: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (the composition matrix, rate+transactional:db-restart): the runner checked a
+    paced task's start against its moment before lending its transactional handler a connection,
+    so a handler whose connection took long (1.2 s while the server restarted) started late and
+    crowded the next starts of the pace into one window (6 starts in 0.85 s under 5/s). Past its
+    moment's slack, the handler must not start: the task goes back, uncounted, and runs when a
+    connection comes in time."""
+    caplog.set_level(logging.INFO, logger="worker")
+    conn.execute(f"SELECT {schema}.set_queue_limit('paced', rate => 5, rate_seconds => 1)")
+    reg = worker.Registry()
+    ran: list[int] = []
+
+    @reg.task("paced.tx", queue="paced", transactional=True)
+    def paced(payload: dict, ctx: worker.Context) -> None:
+        ran.append(ctx.task_id)
+
+    with thread_worker(reg, poll_interval=0.05, queues=["paced"]) as tw:  # type: ignore[operator]
+        real = wait_until(lambda: tw.worker.pool, timeout=5)
+        tw.worker.pool = _SlowPool(real, 0.3)  # past the slack (2% of 1 s) every time
+        ids = [worker.enqueue(conn, "paced.tx", {}, schema=schema) for _ in range(3)]
+        wait_until(
+            lambda: all(caplog.text.count(f"task {i} attempt 1 given back") >= 2 for i in ids),
+            timeout=20,
+        )
+        assert ran == []  # each was claimed again and again, and given back each time
+        rows = conn.execute(f"SELECT state::text, attempts FROM {schema}.tasks").fetchall()
+        assert {r[0] for r in rows} <= {"queued", "in_progress"} and {r[1] for r in rows} <= {0, 1}
+        assert "MissedStart: the worker was too busy to start it on time" in caplog.text
+        tw.worker.pool = real  # connections come in time again: every task runs, once
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+                ).fetchone()[0]
+                == 3
+            ),
+            timeout=20,
+        )
+    assert sorted(ran) == ids

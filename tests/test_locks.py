@@ -295,7 +295,9 @@ def test_many_contending_processes_and_threads_one_winner_per_slot(
         f"CREATE TABLE {schema}.lock_attempts (slot int, pid int, holder text, won boolean)"
     )
     slots, period, ttl = 8, 2.0, 1.5
-    start = time.time() + 3.0
+    # The first trigger leaves time for four Python processes to start, which on a busy machine
+    # took more than the 3 s given before (the first slot then had no contender at all).
+    start = time.time() + 10.0
     procs = [
         _spawn(
             "contend",

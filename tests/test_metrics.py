@@ -620,6 +620,7 @@ def test_children_without_a_metrics_port_count_nothing(
 # -- readiness against a database that goes away --------------------------------------------------
 
 
+@pytest.mark.db  # a server of its own
 def test_readyz_follows_the_database(tmp_path: Path) -> None:
     """/readyz: 503 while the schema is not migrated or the database is down, 200 otherwise, and
     it recovers without a restart; /healthz stays 200 throughout."""

@@ -162,3 +162,84 @@ def test_paused_queues_show_on_the_status_page_and_in_metrics(
         assert not [k for k in samples if k[0] == "worker_queue_paused"]
     finally:
         server.stop()
+
+
+# -- a queue nothing has named --------------------------------------------------------------------
+
+
+def test_pausing_a_queue_nothing_has_named_pauses_it_and_warns_with_the_known_queues(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """`worker pause typo_queue` reported success silently. It still pauses (an operator may
+    pause ahead of a deploy), and says on stderr, in one line, that no task, worker, limit,
+    pause or action has named the queue, with the known queues (the likeliest first)."""
+    common = ["--dsn", pg_dsn, "--schema", schema]
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'mail'), ('t', 'zz')")
+    conn.execute(f"INSERT INTO {schema}.task_routes (task, queue) VALUES ('r', 'reports')")
+    conn.execute(f"SELECT {schema}.set_queue_limit('limited', concurrency => 1)")
+    r = run_cli("pause", "maill", *common)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "paused queue maill: workers claim nothing from it until resumed\n"
+    assert r.stderr.splitlines() == [
+        "worker: warning: no task, worker, limit, pause or recent action has named queue "
+        "'maill': paused it all the same (for tasks still to come); did you mean 'mail'? "
+        "known queues: 'mail', 'limited', 'reports', 'zz'"
+    ]
+    assert [p.queue for p in _pause.paused(conn, schema)] == ["maill"]
+    r = run_cli("pause", "maill", "--json", *common)  # paused before: named now
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert json.loads(r.stdout) == {"queue": "maill", "paused": True, "changed": False,
+                                    "known": True}  # fmt: skip
+    # Resumed, it is still known: the record of actions names it.
+    assert run_cli("resume", "maill", *common).returncode == 0
+    r = run_cli("pause", "maill", *common)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    rows = conn.execute(
+        f"SELECT action, filter, counts, source FROM {schema}.actions ORDER BY id"
+    ).fetchall()
+    assert rows == [
+        ("pause", {"queue": "maill"}, {"changed": 1}, "cli"),
+        ("pause", {"queue": "maill"}, {"changed": 0}, "cli"),
+        ("resume", {"queue": "maill"}, {"changed": 1}, "cli"),
+        ("pause", {"queue": "maill"}, {"changed": 1}, "cli"),
+    ]
+
+
+def test_pausing_a_known_queue_says_nothing_more(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Known from any of: a waiting, running or failed task, a recently finished one, a
+    worker's route, a registered worker, a limit."""
+    common = ["--dsn", pg_dsn, "--schema", schema]
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, finished_at) VALUES"
+        " ('t', 'q_queued', 'queued', 0, NULL), ('t', 'q_failed', 'failed', 1, now()),"
+        " ('t', 'q_done', 'done', 1, now()), ('t', 'q_cancelled', 'cancelled', 0, now())"
+    )
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, run_at) VALUES"
+        " ('t', 'q_scheduled', now() + interval '1 hour')"
+    )
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id,"
+        " lease_expires_at) VALUES ('t', 'q_running', 'in_progress', 1, gen_random_uuid(),"
+        " now() + interval '1 minute')"
+    )
+    conn.execute(f"INSERT INTO {schema}.task_routes (task, queue) VALUES ('r', 'q_route')")
+    conn.execute(
+        f"INSERT INTO {schema}.workers (id, host, pid, queues, concurrency)"
+        " VALUES (gen_random_uuid(), 'box', 1, ARRAY['q_worker'], 4)"
+    )
+    conn.execute(f"SELECT {schema}.set_queue_limit('q_limit', rate => 5)")
+    for queue in ("q_queued", "q_scheduled", "q_running", "q_failed", "q_done", "q_cancelled",
+                  "q_route", "q_worker", "q_limit"):  # fmt: skip
+        r = run_cli("pause", queue, *common)
+        assert r.returncode == 0 and r.stderr == "", (queue, r.stderr)
+        assert r.stdout.startswith(f"paused queue {queue}:"), r.stdout
+    assert run_cli("pause", "q_unheard", *common).stderr.startswith("worker: warning: ")
+    # On a schema with no queue at all, the warning says so.
+    conn.execute(f"DELETE FROM {schema}.tasks; DELETE FROM {schema}.task_routes;"
+                 f" DELETE FROM {schema}.workers; DELETE FROM {schema}.queue_limits;"
+                 f" DELETE FROM {schema}.paused_queues; DELETE FROM {schema}.actions")  # fmt: skip
+    r = run_cli("pause", "first", *common)
+    assert r.returncode == 0 and r.stderr.rstrip().endswith("no queue is known yet"), r.stderr

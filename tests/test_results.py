@@ -150,6 +150,36 @@ def test_values_jsonb_cannot_hold_fail_the_task_alone(
     wait_until(lambda: _row(conn, schema, good)[0] == "done", timeout=30)
 
 
+def test_keys_that_collide_as_json_text_fail_the_task_instead_of_losing_a_value(
+    pg_dsn: str, schema: str, conn: psycopg.Connection, start_worker: Any
+) -> None:
+    """{1: "a", "1": "b"} stored as JSON kept one of the two, silently. Now the task fails at
+    once (the same handler would return the same value), saying which keys and where; keys that
+    do not collide are written as text, as json.dumps writes them."""
+    kinds = ("int and str", "none and null", "true and str", "distinct")
+    ids = {k: worker.enqueue(conn, "r_keys", {"kind": k}, schema=schema) for k in kinds}
+    start_worker()
+    for task_id in ids.values():
+        wait_until(lambda t=task_id: _row(conn, schema, t)[0] in ("done", "failed"), timeout=30)
+    expected = {
+        "int and str": "1 and '1' (in result['counts'])",
+        "none and null": "None and 'null' (in result[0])",
+        "true and str": "True and 'true' (in result)",
+    }
+    for kind, where in expected.items():
+        state, result, error, attempts = _row(conn, schema, ids[kind])
+        assert (state, result, attempts) == ("failed", None, 1), kind
+        assert error.startswith(
+            "ResultNotSerializable: the handler's return value has two keys that JSON writes as "
+            f"the same text, {where}: an object stored as JSON would keep only one of them"
+        ), error
+    state, result, _, _ = _row(conn, schema, ids["distinct"])
+    assert state == "done"
+    assert result == {"1": "a", "2.5": "b", "null": "c", "false": "d", "x": {"7": "e"}}
+    with pytest.raises(worker.TaskFailed, match="two keys that JSON writes as the same text"):
+        worker.wait(pg_dsn, ids["int and str"], timeout=5, schema=schema)
+
+
 def test_a_transactional_handler_stores_its_result_in_its_own_transaction(
     pg_dsn: str, schema: str, conn: psycopg.Connection, start_worker: Any
 ) -> None:

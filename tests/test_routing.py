@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -166,3 +168,34 @@ def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
         wait_until(lambda: vacuums() == 2, timeout=10)
     finally:
         holder.close()
+
+
+def test_migrate_with_a_module_routes_the_first_enqueue(pg_dsn: str, tmp_path: Path) -> None:
+    """`worker migrate --module tasks` then `worker enqueue`, no worker ever started: the row is
+    in its handler's queue, and a typo of the name is enqueued with one warning line."""
+    schema = f"r_{uuid.uuid4().hex[:10]}"
+    (tmp_path / "routed_tasks.py").write_text(
+        "import worker\n\n\n@worker.task('send_email', queue='mail')\n"
+        "def send_email(payload, ctx):\n    pass\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    try:
+        r = run_cli("migrate", "--dsn", pg_dsn, "--schema", schema, "--module", "routed_tasks",
+                    env=env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "recorded the queues of 1 task(s): send_email -> mail" in r.stdout
+        r = run_cli("enqueue", "send_email", "--dsn", pg_dsn, "--schema", schema)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        typo = run_cli("enqueue", "send_emial", "--dsn", pg_dsn, "--schema", schema)
+        assert typo.returncode == 0
+        assert typo.stderr.count("\n") == 1, typo.stderr
+        assert "warning: no worker has declared task 'send_emial'" in typo.stderr
+        quiet = run_cli("enqueue", "send_emial", "--quiet", "--dsn", pg_dsn, "--schema", schema)
+        assert quiet.returncode == 0 and quiet.stderr == ""
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            rows = c.execute(f"SELECT task, queue FROM {schema}.tasks ORDER BY id").fetchall()
+        typos = [("send_emial", "default")] * 2  # enqueued all the same
+        assert rows == [("send_email", "mail"), *typos]
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -293,6 +293,7 @@ def test_a_crashed_process_says_so_in_the_rows_it_was_running(
     assert error.startswith("WorkerDied:") and "exit code 1" in error, error
 
 
+@pytest.mark.db  # a server of its own
 @pytest.mark.slow
 def test_claims_resume_within_five_seconds_after_a_45_second_outage(
     tmp_path: Path,

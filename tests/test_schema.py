@@ -72,8 +72,26 @@ def test_concurrent_migrate_from_many_processes(pg_dsn: str, conn: psycopg.Conne
 
 
 def test_require_schema_explains_what_to_do(conn: psycopg.Connection) -> None:
-    with pytest.raises(SchemaMissing, match="run `worker migrate`"):
+    with pytest.raises(SchemaMissing) as info:
         require_schema(conn, "no_such_schema_here")
+    assert str(info.value) == (
+        "schema 'no_such_schema_here' has no worker tables in this database: "
+        "run `worker migrate --schema no_such_schema_here`"
+    )
+    name = f"old_{uuid.uuid4().hex[:12]}"
+    try:
+        assert migrate(conn, name, up_to=12)[-1] == "0012_results"
+        assert current_version(conn, name) == 12
+        with pytest.raises(SchemaMissing) as info:
+            require_schema(conn, name)
+        assert str(info.value) == (
+            f"schema '{name}' is at version 12; this version of worker-pg needs "
+            f"{latest_version()}: run `worker migrate --schema {name}`"
+        )
+        assert migrate(conn, name)[0] == "0013_trace_context"  # the rest, from there
+        assert require_schema(conn, name) == latest_version()
+    finally:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
 
 @pytest.mark.parametrize("bad", ["", "Worker", "a-b", 'x"; drop table t; --', "1abc", "a" * 64])

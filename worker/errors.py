@@ -12,7 +12,26 @@ class ConfigError(WorkerError):
 
 
 class SchemaMissing(ConfigError):
-    """The queue's tables are not in the database (run ``worker migrate``)."""
+    """The queue's tables are not in the database, or not at the version this code needs. Its
+    text is one line naming the command that fixes it (``worker migrate --schema NAME``, or
+    ``python manage.py migrate`` under Django).
+
+    ``schema`` is the schema's name, ``version`` the version found (0: no worker tables; None:
+    not known) and ``needed`` the version this code needs, when the raiser knew them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        schema: str | None = None,
+        version: int | None = None,
+        needed: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.schema = schema
+        self.version = version
+        self.needed = needed
 
 
 class DoNotRetry(Exception):

@@ -28,6 +28,9 @@ DATABASES = {
     },
     "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
+# The same database under another name, which the tests never migrate (`manage.py migrate`
+# makes the schema of each backend on the database it migrates): the "unmigrated" backend's.
+DATABASES["elsewhere"] = dict(DATABASES["default"])
 # The "sqlite" backend below exists to be refused (tests/test_django.py): its system check would
 # stop every management command of this project.
 SILENCED_SYSTEM_CHECKS = ["worker.E001"]
@@ -37,6 +40,12 @@ TASKS = {
         "QUEUES": ["default", "mail"],
         "OPTIONS": {"SCHEMA": os.environ["DJANGO_SITE_SCHEMA"]},
     },
+    # The composition matrix's tasks (tests/test_matrix.py, django_site/matrix_tasks.py).
+    "matrix": {
+        "BACKEND": "worker.contrib.django.WorkerBackend",
+        "QUEUES": ["mx"],
+        "OPTIONS": {"SCHEMA": os.environ["DJANGO_SITE_SCHEMA"], "MAX_ATTEMPTS": 10},
+    },
     "retrying": {
         "BACKEND": "worker.contrib.django.WorkerBackend",
         "QUEUES": [],
@@ -44,7 +53,7 @@ TASKS = {
     },
     "unmigrated": {
         "BACKEND": "worker.contrib.django.WorkerBackend",
-        "OPTIONS": {"SCHEMA": "no_such_schema"},
+        "OPTIONS": {"SCHEMA": "no_such_schema", "DATABASE": "elsewhere"},
     },
     "sqlite": {
         "BACKEND": "worker.contrib.django.WorkerBackend",

@@ -40,6 +40,11 @@ def on_sqlite() -> None:
     return None
 
 
+@task(backend="unmigrated")
+def unmigrated() -> None:
+    return None
+
+
 @task
 async def shout(word: str) -> str:
     return word.upper()

@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..ops.status import STATES
 from .commands import cmd_cancel as cancel_one
 from .commands import cmd_retry as retry_one
 from .common import CliError, connect, int_in, print_json, require, text_up_to
+from .interrupt import Interrupt
 from .text import LINE_LIMIT, safe
 
 TASK_ID = int_in(1, 2**63 - 1)
@@ -223,10 +225,17 @@ def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
     except BulkError as exc:
         raise CliError(str(exc), 2) from None
     actor = args.actor or default_actor()
-    with connect(args) as conn:
-        require(conn, args.schema)
-        if args.yes:
-            progress = _progress if sys.stderr.isatty() and not args.json else None
+    code = 0
+    if not args.yes:
+        with connect(args) as conn:
+            require(conn, args.schema)
+            out = _bulk.preview(conn, args.schema, action, flt, examples=args.examples)
+    else:
+        tell = sys.stderr.isatty() and not args.json
+        with Interrupt(tell=tell) as stop, connect(args) as conn:
+            stop.conn = conn
+            require(conn, args.schema)
+            progress = _progress if tell else None
             out = _bulk.apply(
                 conn,
                 args.schema,
@@ -236,14 +245,37 @@ def _run(args: argparse.Namespace, action: str, flt: Filter) -> int:
                 source="cli",
                 batch=args.batch_size,
                 progress=progress,
+                stop=stop,
             )
-        else:
-            out = _bulk.preview(conn, args.schema, action, flt, examples=args.examples)
+            stop.conn = None
+        code = stop.code if out.interrupted is not None else 0
+        if out.interrupted is not None and not args.json:
+            print(interrupted_line(out, flt, states))
+            return code
     if args.json:
         print_json(out.as_dict())
-        return 0
+        return code
     _report(out, flt, states)
     return 0
+
+
+def interrupted_line(out: Outcome, flt: Filter, states: list[str]) -> str:
+    """The one line of an action stopped between two batches: what it did, and what to do."""
+    done = VERBS[out.action][1]
+    what = safe(describe(flt, states), LINE_LIMIT)
+    if out.batches == 0:
+        did = f"before any batch committed: nothing {done}"
+    else:
+        did = (
+            f"after {out.batches:,} batch(es): {done} {out.changed:,} of the {out.matched:,} "
+            "task(s) matched so far"
+        )
+        if out.skipped_dedupe:
+            did += f", skipped {out.skipped_dedupe:,} whose dedupe key a live task holds"
+    return (
+        f"interrupted by {out.interrupted} {did}, matching {what}; recorded as action "
+        f"#{out.action_id} by {safe(out.actor)}; the rest are as they were: run it again to go on"
+    )
 
 
 def _progress(out: Outcome) -> None:
@@ -259,7 +291,7 @@ def _ids(ids: list[int], total: int) -> str:
 
 def _report(out: Outcome, flt: Filter, states: list[str]) -> None:
     verb, done = VERBS[out.action]
-    what = safe(_bulk.describe(flt, states), LINE_LIMIT)
+    what = safe(describe(flt, states), LINE_LIMIT)
     if out.dry_run:
         print(f"would {verb} {out.matched - out.skipped_dedupe:,} task(s) matching {what}")
     else:
@@ -301,3 +333,32 @@ def _report(out: Outcome, flt: Filter, states: list[str]) -> None:
     else:
         state = "" if out.complete else " (interrupted)"
         print(f"recorded as action #{out.action_id} by {safe(out.actor)}{state}")
+
+
+def describe(flt: Filter, states: Iterable[str]) -> str:
+    """The filter in words, for a terminal (the caller escapes it)."""
+    parts = [f"state {'/'.join(states)}"]
+    if flt.queue is not None:
+        parts.append(f"queue {flt.queue!r}")
+    if flt.task is not None:
+        parts.append(f"task {flt.task!r}")
+    if flt.error is not None:
+        parts.append(f"error ILIKE {flt.error!r}")
+    if flt.older_than is not None:
+        parts.append(f"older than {span(flt.older_than)}")
+    if flt.ids:
+        shown = ", ".join(str(i) for i in sorted(set(flt.ids))[:10])
+        parts.append(f"id in ({shown}{', ...' if len(set(flt.ids)) > 10 else ''})")
+    return ", ".join(parts)
+
+
+def span(seconds: float) -> str:
+    """Seconds in the units a person types: 90 -> 1m30s, 86400 -> 1d, 0.5 -> 0.5s."""
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g}s"
+    left, out = int(seconds), []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size:
+            out.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(out)

@@ -14,25 +14,25 @@ from ..coord import pause as _pause
 from ..db.dsn import dsn_source_from_env, redact
 from ..db.migrate import migrate
 from ..dev import bench, demo
-from ..dev.embedded import (
-    EmbeddedError,
-    EmbeddedPostgres,
-    EmbeddedUnavailable,
-    default_data_dir,
-)
+from ..dev.embedded import EmbeddedError, EmbeddedPostgres, default_data_dir
 from ..dev.embedded.attached import attached_workers
+from ..errors import SchemaMissing
 from ..ops import actions as _actions
 from ..ops import bulk as _bulk
 from ..ops import status as _admin
 from ..ops.status import STATES, status
 from ..tasks import limits as _limits
+from ..tasks import routes
 from ..tasks.enqueue import enqueue
+from ..tasks.registry import registry
+from . import exits
 from . import limits as limits_cli
 from .common import (
     CliError,
     age,
     connect,
     console_token,
+    import_tasks,
     print_json,
     require,
     resolve_dsn,
@@ -68,14 +68,26 @@ def _payload_text(spec: str) -> str:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    declared: dict[str, str] = {}
+    if args.module:
+        import_tasks(args.module)
+        declared = routes.of(registry)
+        if not declared:
+            raise CliError(f"module {args.module!r} registers no task", 2)
     with connect(args) as conn:
         applied = migrate(conn, args.schema)
+        routes.record(conn, args.schema, declared)
     if args.json:
-        print_json({"applied": applied})
-    elif applied:
+        print_json({"applied": applied, "routes": declared})
+        return 0
+    if applied:
         print(f"applied {len(applied)} migration(s) to schema {args.schema}: {', '.join(applied)}")
     else:
         print(f"schema {args.schema} is up to date")
+    if declared:
+        where = ", ".join(f"{safe(t)} -> {safe(q)}" for t, q in sorted(declared.items())[:10])
+        more = f" and {len(declared) - 10} more" if len(declared) > 10 else ""
+        print(f"recorded the queues of {len(declared)} task(s): {where}{more}")
     return 0
 
 
@@ -103,7 +115,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         # No version check first: it reads the migration table, which the producer role of
         # deploy/sql/roles.sql may not read. Enqueueing is one call of the SQL function; a
-        # schema without it says so below.
+        # schema without it raises SchemaMissing, made precise below (which version it is at).
         try:
             task_id = enqueue(
                 conn,
@@ -117,18 +129,33 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 dedupe_key=args.dedupe_key,
                 schema=args.schema,
             )
-        except (
-            psycopg.errors.UndefinedFunction,
-            psycopg.errors.UndefinedTable,
-            psycopg.errors.InvalidSchemaName,
-        ):
+        except SchemaMissing:
             require(conn, args.schema)  # says which: no tables, or an old version
             raise
+        if not args.quiet:
+            _warn_unrouted(conn, args.schema, args.name)
     if args.json:
         print_json({"id": task_id})
     else:
         print(task_id)
     return 0
+
+
+def _warn_unrouted(conn: psycopg.Connection, schema: str, task: str) -> None:
+    """One line on stderr when no worker has ever declared ``task``: its row waits in the default
+    queue until one does (a typo waits for ever). A role that may not read the routes skips it."""
+    try:
+        with conn.transaction():
+            known = routes.routed(conn, schema, task)
+    except psycopg.errors.InsufficientPrivilege:
+        return
+    if not known:
+        print(
+            f"worker: warning: no worker has declared task {_quote(task)}: it waits in the "
+            "default queue until one does (a typo? `worker migrate --module MODULE` records "
+            "your tasks' queues ahead of their workers; --quiet silences this)",
+            file=sys.stderr,
+        )
 
 
 def _count(q: _admin.QueueStatus, state: str) -> str:
@@ -290,14 +317,13 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 
 def cmd_embedded(args: argparse.Namespace) -> int:
-    """start, stop or status. A failure is one line: exit 2 when there is no PostgreSQL to run
-    (the ``embedded`` extra is not installed), 1 when the server would not start or stop."""
+    """start, stop or status. A failure is one line and exit 2, as for the embedded server that
+    a command without a DSN cannot start: there is no PostgreSQL to run (the ``embedded`` extra
+    is not installed), or the server would not start or stop (the cause from its log)."""
     try:
         return _embedded(args)
-    except EmbeddedUnavailable as exc:
-        raise CliError(str(exc), 2) from None
     except EmbeddedError as exc:
-        raise CliError(str(exc), 1) from None
+        raise CliError(str(exc), exits.USAGE) from None
 
 
 def _embedded(args: argparse.Namespace) -> int:
@@ -311,8 +337,10 @@ def _embedded(args: argparse.Namespace) -> int:
     elif args.action == "start":
         print(server.start())
     else:
-        print(f"{'running' if server.is_running() else 'stopped'}: {data_dir}")
-    return 0
+        running = server.is_running()
+        print(f"{'running' if running else 'stopped'}: {data_dir}")
+        return exits.OK if running else exits.NO  # as `systemctl status`: non-zero when stopped
+    return exits.OK
 
 
 def _warn_attached_workers(dsn: str) -> None:
@@ -334,6 +362,7 @@ def _warn_attached_workers(dsn: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    bench.check(args)
     return bench.main(args, resolve_dsn(args.dsn))
 
 

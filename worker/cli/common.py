@@ -22,6 +22,7 @@ import psycopg
 from ..db import connect as factory
 from ..db.dsn import dsn_source_from_env, parse_dsn, redact, scrub
 from ..db.migrate import require_schema
+from ..db.outage import unreachable
 from ..db.sql import validate_schema_name
 from ..dev.embedded import (
     EmbeddedError,
@@ -38,6 +39,7 @@ from ..engine.supervisor import (
 )
 from ..errors import ConfigError
 from ..monitor.console.auth import TokenError, checked_token
+from . import exits
 from .text import CELL_LIMIT, LINE_LIMIT, SafeFormatter, bounded, safe
 
 log = logging.getLogger("worker")
@@ -60,7 +62,15 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {safe(message, LINE_LIMIT)} (see --help)\n")
+        raise UsageError(f"{self.prog}: error: {safe(message, LINE_LIMIT)} (see --help)")
+
+
+class UsageError(Exception):
+    """A flag the parser refused: ``line`` is what the user sees (exit 2)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -198,10 +208,13 @@ def connect_dsn(dsn: str) -> psycopg.Connection:
     except psycopg.Error as exc:
         text = str(exc).strip()
         first = scrub(text.splitlines()[0]) if text else type(exc).__name__
+        # A DSN the driver cannot parse is the user's input; anything else means the server
+        # could not be reached or turned the connection down.
+        code = exits.UNREACHABLE if isinstance(exc, psycopg.OperationalError) else exits.USAGE
         raise CliError(
             f"cannot connect to the database at {redact(dsn)}: {first} "
             "(check --dsn, WORKER_DSN or DATABASE_URL)",
-            2,
+            code,
         ) from None
 
 
@@ -219,7 +232,8 @@ CONSTRAINTS = {
 
 def database_error(exc: psycopg.Error) -> tuple[str, int]:
     """One line for a database error, and its exit code: 2 for a value the database refused (a
-    constraint or a bad value names the field, not the statement), 1 for the rest."""
+    constraint or a bad value names the field, not the statement), 4 for a connection lost or
+    refused, 5 for the rest."""
     text = str(exc).strip()
     first = scrub(text.splitlines()[0]) if text else type(exc).__name__
     constraint = getattr(getattr(exc, "diag", None), "constraint_name", None)
@@ -229,7 +243,9 @@ def database_error(exc: psycopg.Error) -> tuple[str, int]:
         return f"invalid input: refused by the database ({constraint or first})", 2
     if isinstance(exc, psycopg.DataError):
         return f"invalid input: {first}", 2
-    return f"database error: {first}", 1
+    if unreachable(exc):
+        return f"lost the database: {first}", exits.UNREACHABLE
+    return f"database error: {first}", exits.DATABASE
 
 
 def age(seconds: float | None) -> str:
@@ -274,11 +290,13 @@ def resolve_dsn(explicit: str | None, *, quiet: bool = False, start: bool = True
                 f"no DSN given, and the embedded PostgreSQL in {data_dir} is not running: "
                 "start it with `worker embedded start` (or `worker migrate`, `worker run`, "
                 "`worker demo`), or give --dsn or WORKER_DSN",
-                1,
+                exits.UNREACHABLE,
             )
         dsn = server.start()
     except EmbeddedUnavailable as exc:
-        raise CliError(f"no DSN given (--dsn, WORKER_DSN or DATABASE_URL), and {exc}", 2) from None
+        raise CliError(
+            f"no DSN given (--dsn, WORKER_DSN or DATABASE_URL), and {exc}", exits.USAGE
+        ) from None
     except EmbeddedError as exc:
         raise ConfigError(str(exc)) from None
     if not quiet:

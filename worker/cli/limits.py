@@ -6,19 +6,22 @@ declarations no longer change a queue an operator set (until it is cleared)."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from ..tasks import limits as _limits
-from .common import CliError, connect, int_in, print_json, require, table
+from .common import CliError, connect, print_json, require, table
 from .pause import _operator, _queue
 from .text import safe
 
 
-def _rate(text: str) -> tuple[int, float]:
+def _value(text: str) -> int | str:
+    """A flag's text as a whole number when it is one; the checks (tasks/limits.py) say what
+    is wrong with the rest, as they do for the Python API."""
     try:
-        return _limits.parse_rate(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _rate_dict(rate: tuple[int, float] | None) -> dict[str, Any] | None:
@@ -80,20 +83,29 @@ def cmd_limits(args: argparse.Namespace) -> int:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    limits = _limits.Limits(
-        args.concurrency, args.key_concurrency, args.rate, args.key_rate, args.burst,
-        args.key_burst,
-    )  # fmt: skip
+    """Every value is checked here, before the database sees it, by the checks of the Python API
+    (Limits.of): a value out of range or malformed is one line naming its flag, exit 2."""
     for flag, burst, rate in (("--burst", args.burst, args.rate),
                               ("--key-burst", args.key_burst, args.key_rate)):  # fmt: skip
         if burst is not None and rate is None:
             raise CliError(f"{flag} goes with {flag.replace('burst', 'rate')}", 2)
-    if limits.empty:
+    if all(v is None for v in (args.concurrency, args.key_concurrency, args.rate, args.key_rate)):
         raise CliError(
             "give at least one of --concurrency, --key-concurrency, --rate, --key-rate"
             " (`worker limits clear QUEUE` removes a queue's limits)",
             2,
         )
+    try:
+        limits = _limits.Limits.of(
+            concurrency=None if args.concurrency is None else _value(args.concurrency),
+            key_concurrency=None if args.key_concurrency is None else _value(args.key_concurrency),
+            rate=args.rate,
+            key_rate=args.key_rate,
+            burst=None if args.burst is None else _value(args.burst),
+            key_burst=None if args.key_burst is None else _value(args.key_burst),
+        )
+    except _limits.LimitError as exc:
+        raise CliError(f"--{exc.field.replace('_', '-')} {exc.problem}", 2) from None
     by = args.by if args.by is not None else _operator()
     with connect(args) as conn:
         require(conn, args.schema)
@@ -130,18 +142,34 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
         "set", parents=[common], help="set a queue's limits (every one: those not given are off)"
     )
     s.add_argument("queue", type=_queue)
-    s.add_argument("--concurrency", type=int_in(0, 1_000_000), help="most running in the queue")
+    # "--rate -1/s" is a value to check, not an unknown flag (argparse takes only plain negative
+    # numbers for values).
+    s._negative_number_matcher = re.compile(r"^-\d")
+    # Values as text: cmd_set checks them, so that each mistake is one line naming its flag.
     s.add_argument(
-        "--key-concurrency", type=int_in(0, 1_000_000), help="most running per key of the queue"
+        "--concurrency",
+        metavar="N",
+        help=f"most running in the queue (0 to {_limits.MAX_CONCURRENCY:,}; 0: nothing starts)",
     )
-    s.add_argument("--rate", type=_rate, help="most starts per period in the queue: 50/s, 1000/h")
-    s.add_argument("--key-rate", type=_rate, help="most starts per period per key: 10/min")
+    s.add_argument(
+        "--key-concurrency",
+        metavar="N",
+        help=f"most running per key of the queue (0 to {_limits.MAX_CONCURRENCY:,})",
+    )
+    s.add_argument(
+        "--rate",
+        metavar="N/PERIOD",
+        help="most starts per period in the queue: 50/s, 1000/h, 10/5min (1 or more, at most "
+        f"{_limits.MAX_PER_SECOND:,} a second, a period of up to a year)",
+    )
+    s.add_argument("--key-rate", metavar="N/PERIOD", help="most starts per period per key: 10/min")
     s.add_argument(
         "--burst",
-        type=int_in(1, 100_000),
-        help="starts --rate lets through at once after a quiet spell (default 1: evenly spaced)",
+        metavar="N",
+        help=f"starts --rate lets through at once after a quiet spell (1 to "
+        f"{_limits.MAX_BURST:,}; default 1: evenly spaced)",
     )
-    s.add_argument("--key-burst", type=int_in(1, 100_000), help="the same for --key-rate, per key")
+    s.add_argument("--key-burst", metavar="N", help="the same for --key-rate, per key")
     s.add_argument("--by", default=None, help="who sets them, for the record (default: user@host)")
     s.set_defaults(func=cmd_set)
     c = actions.add_parser("clear", parents=[common], help="remove a queue's limits")

@@ -8,12 +8,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 import psycopg
 
 from ..dev.bench import add_arguments as add_bench_arguments
 from ..errors import ConfigError
-from . import bulk, cron, doctor, limits, locks, pause, wait
+from . import bulk, cron, doctor, exits, limits, locks, pause, wait
 from .bulk import TASK_ID
 from .commands import (
     cmd_bench,
@@ -28,6 +29,7 @@ from .common import (
     DAY,
     CliError,
     Parser,
+    UsageError,
     database_error,
     int_in,
     rate_in,
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--schema",
         type=schema_name,
         default=os.environ.get("WORKER_SCHEMA", "worker"),
-        help="schema holding the queue tables (default: worker)",
+        help="schema holding the queue tables (default: $WORKER_SCHEMA, else worker; "
+        "`worker demo`: worker_demo)",
     )
     common.add_argument(
         "--log-level",
@@ -66,10 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
-    parser = Parser(prog="worker", description="A PostgreSQL work queue.")
+    parser = Parser(
+        prog="worker",
+        description="A PostgreSQL work queue.",
+        epilog=exits.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"worker {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", parents=[common], help="create or upgrade the queue schema")
+    p.add_argument(
+        "--module",
+        help="also record the queue of each task MODULE registers, as its workers will when they "
+        "start: tasks enqueued before any worker has started then land in the right queue",
+    )
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", parents=[common], help="run workers for the tasks of MODULE")
@@ -160,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int_in(1, 65535),
         default=None,
-        help="serve /metrics, /healthz, /readyz and the status page on this port",
+        help="serve /metrics, /healthz, /readyz, the status page (/) and the operator console "
+        "(/console/) on this port",
     )
     p.add_argument("--metrics-host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument(
@@ -197,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one task")
     p.add_argument("name", help="task name")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no warning for a task that no worker has declared (a typo, or a task whose workers "
+        "have not started yet)",
+    )
     p.add_argument(
         "--payload",
         default="{}",
@@ -284,10 +305,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(message: str, code: int) -> int:
+def _version() -> str:
+    """The installed distribution's version (worker-pg), as its metadata says."""
+    try:
+        return metadata.version("worker-pg")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
+def _fail(message: str, code: int, as_json: bool = False) -> int:
     """The one line of an error: no password, no control character, bounded."""
-    print(f"worker: {safe(scrub(message), LINE_LIMIT)}", file=sys.stderr)
-    return code
+    return exits.fail(f"worker: {safe(scrub(message), LINE_LIMIT)}", code, as_json=as_json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -303,21 +331,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--console-token-file",
             2,
         )
+    as_json = "--json" in argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return exits.fail(exc.line, exits.USAGE, as_json=as_json)
     args.argv = argv
     setup_logging(args.log_level)
     args.from_command_line = from_command_line
     try:
         return int(args.func(args) or 0)
     except CliError as exc:
-        return _fail(f"error: {exc}", exc.code)
+        return _fail(f"error: {exc}", exc.code, as_json)
     except ConfigError as exc:
-        return _fail(f"error: {exc}", 2)
+        return _fail(f"error: {exc}", exits.USAGE, as_json)
     except psycopg.Error as exc:
-        return _fail(*database_error(exc))
+        message, code = database_error(exc)
+        return _fail(message, code, as_json)
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
+    except BrokenPipeError:
+        return exits.quiet_closed_pipe()
+
+
+def entry() -> int:
+    """The console script: main(), ending quietly when the reader of stdout has gone away (even
+    at the interpreter's last flush)."""
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return exits.quiet_closed_pipe()
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,17 +1,22 @@
 """``worker pause QUEUE`` and ``worker resume QUEUE``: fleet-wide, through the database (see
 worker/coord/pause.py). A pause holds from the moment it commits and survives worker restarts; tasks
-already running finish."""
+already running finish. Both are recorded in the record of operator actions. Pausing a queue that
+nothing has named yet (a typo?) pauses it all the same, with a warning on stderr."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
 import socket
+import sys
 from typing import Any
 
+import psycopg
+
 from ..coord import pause as _pause
+from ..ops.audit import default_actor, record_action
 from .common import CliError, connect, print_json, require
-from .text import safe
+from .text import LINE_LIMIT, safe
 
 
 def _queue(text: str) -> str:
@@ -35,9 +40,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
     by = args.by if args.by is not None else _operator()
     with connect(args) as conn:
         require(conn, args.schema)
-        changed = _pause.pause(conn, args.schema, args.queue, by)
+        warned: list[str] = []  # a queue nothing has named yet: paused, with a warning
+        with conn.transaction():
+            changed = _pause.pause(conn, args.schema, args.queue, by, warn=warned)
+            _record(conn, args, "pause", by, changed)
+    for warning in warned:
+        print(f"worker: warning: {safe(warning, LINE_LIMIT)}", file=sys.stderr)
     if args.json:
-        print_json({"queue": args.queue, "paused": True, "changed": changed})
+        print_json({"queue": args.queue, "paused": True, "changed": changed, "known": not warned})
     elif changed:
         print(f"paused queue {safe(args.queue)}: workers claim nothing from it until resumed")
     else:
@@ -48,7 +58,10 @@ def cmd_pause(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     with connect(args) as conn:
         require(conn, args.schema)
-        changed = _pause.resume(conn, args.schema, args.queue)
+        with conn.transaction():
+            changed = _pause.resume(conn, args.schema, args.queue)
+            if changed:
+                _record(conn, args, "resume", default_actor(), changed)
     if args.json:
         print_json({"queue": args.queue, "paused": False, "changed": changed})
     elif changed:
@@ -56,6 +69,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
     else:
         raise CliError(f"queue {safe(args.queue)} is not paused")
     return 0
+
+
+def _record(
+    conn: psycopg.Connection, args: argparse.Namespace, action: str, by: str, changed: bool
+) -> None:
+    """The pause or resume in the record of operator actions, as the console records its own
+    (which is also how a later pause knows the queue was named before)."""
+    record_action(
+        conn,
+        args.schema,
+        actor=by or default_actor(),
+        action=action,
+        filter={"queue": args.queue},
+        counts={"changed": int(changed)},
+        source="cli",
+    )
 
 
 def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:

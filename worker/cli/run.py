@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from ..db.connect import CLI, connect
+from ..db.outage import OUTAGE
 from ..engine.loop import Worker, WorkerConfig
 from ..engine.supervisor import (
     DSN_OPTIONS,
@@ -38,7 +39,6 @@ from .common import (
     import_tasks,
     require,
     resolve_dsn,
-    scrub,
     start_over,
 )
 
@@ -288,10 +288,10 @@ def _wait_for_database(dsn: str, schema: str) -> None:
         try:
             with connect(dsn, CLI) as conn:
                 require(conn, schema)
+            OUTAGE.back("start")
             return
         except psycopg.OperationalError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.warning("database unavailable (%s); waiting %.1fs", scrub(first), delay)
+            OUTAGE.lost("start", exc)
         if liveness:
             os.utime(liveness)
         time.sleep(delay)
@@ -300,7 +300,7 @@ def _wait_for_database(dsn: str, schema: str) -> None:
 
 
 def _worker_hooks(args: argparse.Namespace) -> Any:
-    """Metrics hooks when metrics are on (see issue: metrics); plain hooks otherwise."""
+    """Metrics hooks when metrics are on; plain hooks otherwise."""
     # Children inherit --metrics-port in their argv: they count, and the supervisor serves.
     return worker_hooks(enabled=bool(args.metrics_port))
 

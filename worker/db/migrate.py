@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -17,6 +19,7 @@ from .sql import render, validate_schema_name
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # Two-key advisory lock namespace: (this application, this schema). See locks for the hashing.
 MIGRATE_LOCK_CLASS = 0x776B7201 - 2**31  # fits in int4
+DEFAULT_SCHEMA = "worker"
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ def _lock_key(schema: str) -> int:
     return zlib.crc32(schema.encode()) - 2**31
 
 
-def migrate(conn: psycopg.Connection, schema: str) -> list[str]:
-    """Apply pending migrations, each in a transaction of its own, and return their names.
+def migrate(conn: psycopg.Connection, schema: str, *, up_to: int | None = None) -> list[str]:
+    """Apply pending migrations, each in a transaction of its own, and return their names;
+    ``up_to`` stops at that version (Django's migrations apply the schema one version each).
 
     A transaction-level advisory lock serializes concurrent migrators (they wait, then find
     nothing to do), works behind a transaction-pooling PgBouncer, and is released even if the
@@ -69,14 +73,15 @@ def migrate(conn: psycopg.Connection, schema: str) -> list[str]:
         raise RuntimeError("migrate() needs a connection outside any transaction")
     applied: list[str] = []
     while True:
-        name = _apply_next(conn, schema)
+        name = _apply_next(conn, schema, up_to)
         if name is None:
             return applied
         applied.append(name)
 
 
-def _apply_next(conn: psycopg.Connection, schema: str) -> str | None:
-    """Apply the first pending migration in one transaction; None when none is pending."""
+def _apply_next(conn: psycopg.Connection, schema: str, up_to: int | None) -> str | None:
+    """Apply the first pending migration (up to ``up_to``) in one transaction; None when none is
+    pending."""
     ident = sql.Identifier(schema)
     with conn.transaction():
         conn.execute(
@@ -99,6 +104,8 @@ def _apply_next(conn: psycopg.Connection, schema: str) -> str | None:
         for m in migrations():
             if m.version in done:
                 continue
+            if up_to is not None and m.version > up_to:
+                return None
             conn.execute(render(m.text, schema))
             conn.execute(
                 sql.SQL("INSERT INTO {}.schema_migrations (version, name) VALUES (%s, %s)").format(
@@ -129,14 +136,68 @@ def current_version(conn: psycopg.Connection, schema: str) -> int:
 def require_schema(conn: psycopg.Connection, schema: str) -> int:
     """Fail with an actionable message unless the schema is migrated to this code's version."""
     version = current_version(conn, schema)
-    want = latest_version()
-    if version == 0:
-        raise SchemaMissing(
-            f"schema {schema!r} has no worker tables in this database: run `worker migrate` first"
-        )
-    if version < want:
-        raise SchemaMissing(
-            f"schema {schema!r} is at version {version}, this worker needs {want}: "
-            "run `worker migrate`"
-        )
+    if version == 0 or version < latest_version():
+        raise schema_missing(schema, version)
     return version
+
+
+def migrate_command(schema: str) -> str:
+    """The command that migrates ``schema`` (the default schema needs no flag)."""
+    return "worker migrate" if schema == DEFAULT_SCHEMA else f"worker migrate --schema {schema}"
+
+
+def schema_missing(
+    schema: str, version: int | None, *, needed: int | None = None, fix: str | None = None
+) -> SchemaMissing:
+    """The error for a schema found at ``version`` (0: no worker tables; None: not known), as
+    one line naming ``fix`` (default: the ``worker migrate`` command for that schema)."""
+    needed = latest_version() if needed is None else needed
+    run = f"run `{fix or migrate_command(schema)}`"
+    if version == 0:
+        text = f"schema {schema!r} has no worker tables in this database: {run}"
+    elif version is None:
+        text = (
+            f"schema {schema!r} is not migrated to version {needed}, which this version of "
+            f"worker-pg needs: {run}"
+        )
+    else:
+        text = (
+            f"schema {schema!r} is at version {version}; this version of worker-pg needs "
+            f"{needed}: {run}"
+        )
+    return SchemaMissing(text, schema=schema, version=version, needed=needed)
+
+
+# What PostgreSQL says when a statement names an object its schema lacks, and the version that
+# tells: no schema (invalid_schema_name) or no table (undefined_table) is no worker tables at
+# all; no function of that name and arguments (undefined_function) is none, or an older one.
+_ABSENT: dict[str, int | None] = {"3F000": 0, "42P01": 0, "42883": None}
+
+
+def missing_from(exc: psycopg.Error, schema: str) -> SchemaMissing | None:
+    """The ``SchemaMissing`` a database error means when one of our statements named an object
+    ``schema`` lacks; None for any other error. Read from the error alone, without a query (the
+    caller's transaction may be aborted), so it costs nothing until a statement fails."""
+    absent = _ABSENT.get(exc.sqlstate or "", -1)
+    if absent == -1:
+        return None
+    diag = exc.diag
+    # Ours fail while the statement itself is resolved: no context, and the message names the
+    # schema. The same errors from inside a function or trigger (a user's trigger on our table)
+    # carry a context, and are theirs to read.
+    if diag.context or schema not in (diag.message_primary or ""):
+        return None
+    return schema_missing(schema, absent)
+
+
+@contextlib.contextmanager
+def schema_errors(schema: str) -> Iterator[None]:
+    """Around statements on the queue's tables: a missing or older schema raises
+    ``SchemaMissing`` (one line naming the fix) instead of PostgreSQL's error."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        missing = missing_from(exc, schema)
+        if missing is None:
+            raise
+        raise missing from None

@@ -24,6 +24,7 @@ import psycopg
 
 from ..db.connect import BENCH, connect
 from ..tasks.enqueue import enqueue_many
+from . import bench_soak
 from .bench_ceiling import ceiling
 from .bench_phases import (
     BENCH_SCHEMA,
@@ -142,7 +143,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_number_in(0, 86_400),
         default=0,
         help="light_held: seconds of light load while another session holds a transaction "
-        "open, after a minute without (default 0: skip; the issue's figure uses 600)",
+        "open, after a minute without (default 0: skip; 600 holds it for ten minutes)",
     )
     p.add_argument(
         "--held-rate",
@@ -161,7 +162,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="limit_phases",
         action="store_false",
         help="skip the drains under a non-binding concurrency limit and a non-binding rate "
-        "limit (schema/0014), reported as a ratio of the same round's unlimited drain",
+        "limit, reported as a ratio of the same round's unlimited drain",
     )
     p.add_argument(
         "--hold-xact",
@@ -169,6 +170,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep another session's transaction open during the drains, as a "
         "forgotten psql session would: vacuum then cannot remove dead rows",
     )
+    bench_soak.add_arguments(p, whole=_int_in, number=_number_in)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The flags that depend on each other, before any server is started."""
+    bench_soak.check(args)
 
 
 def _enqueue(conn: psycopg.Connection, n: int) -> float:
@@ -272,7 +279,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
 def _limit_report(results: dict[str, list[float]]) -> dict[str, Any]:
     """The drains under non-binding limits, each as a ratio of the same round's unlimited drain
     (the median of the rounds' ratios; each round's are in "all")."""
-    report: dict[str, Any] = {"target": "each drain >= 0.7 x the unlimited drain"}
+    report: dict[str, Any] = {"target": "each drain >= 0.8 x the unlimited drain"}
     for kind in ("concurrency", "rate"):
         ratios = [
             d / u for d, u in zip(results[f"drain_{kind}_limit"], results["drain"], strict=True)
@@ -282,7 +289,7 @@ def _limit_report(results: dict[str, list[float]]) -> dict[str, Any]:
             "ratio": round(statistics.median(ratios), 3),
             "all_ratios": [round(r, 3) for r in ratios],
         }
-    report["target_met"] = all(report[k]["ratio"] >= 0.7 for k in ("concurrency", "rate"))
+    report["target_met"] = all(report[k]["ratio"] >= 0.8 for k in ("concurrency", "rate"))
     return report
 
 
@@ -301,6 +308,8 @@ def _verdict(met: bool | None) -> str:
 
 def main(args: argparse.Namespace, dsn: str) -> int:
     """``worker bench``; the CLI resolves the DSN (flag, environment or embedded server)."""
+    if args.soak:
+        return bench_soak.main(args, dsn)
     r = run(dsn, args)
     if args.json:
         print(json.dumps(r, indent=2))

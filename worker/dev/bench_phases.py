@@ -27,7 +27,7 @@ from ..db.connect import BENCH, connect
 from ..db.migrate import migrate
 from ..db.sql import queries
 from ..tasks.enqueue import enqueue
-from ..tasks.limits import Limits, clear_limits, set_limits
+from ..tasks.limits import MAX_CONCURRENCY, MAX_PER_SECOND, Limits, clear_limits, set_limits
 
 # The statements of this room lie beside its modules (the core never loads them).
 SQL_DIR = Path(__file__).resolve().parent
@@ -144,11 +144,13 @@ def drain(dsn: str, args: argparse.Namespace, n: int) -> Drain:
 
 def limited_drain(conn: psycopg.Connection, dsn: str, args: argparse.Namespace, kind: str) -> Drain:
     """The drain with the queue under a limit that never binds (schema/0014): a concurrency
-    limit of ten times the fleet's slots, or a rate limit of ten million starts per second. It
-    measures what a limited claim costs (its lock, its counts, the start log) next to the plain
-    claim."""
-    slots = args.processes * args.concurrency
-    limits = Limits(concurrency=10 * slots) if kind == "concurrency" else Limits(rate=(10**7, 1.0))
+    limit of ten times the fleet's slots (at most the largest limit there is), or a rate limit of
+    a million starts per second (the largest rate there is). It measures what a limited claim
+    costs (its lock, its counts, the start log) next to the plain claim."""
+    slots = min(10 * args.processes * args.concurrency, MAX_CONCURRENCY)
+    limits = (
+        Limits(concurrency=slots) if kind == "concurrency" else Limits(rate=(MAX_PER_SECOND, 1.0))
+    )
     set_limits(conn, BENCH_SCHEMA, DEFAULT_QUEUE, limits, by="bench")
     try:
         return drain(dsn, args, args.tasks)

@@ -17,6 +17,8 @@ __all__ = ["demo_tasks", "tidy"]
 TIDY_EVERY = "* * * * * */5"
 
 
-@cron(TIDY_EVERY, name="demo.tidy", queue="maintenance")
+# catch_up="skip": slots missed while the demo was stopped are not run at its next start (they
+# would count as that run's).
+@cron(TIDY_EVERY, name="demo.tidy", queue="maintenance", catch_up="skip")
 def tidy(payload: dict[str, Any]) -> None:
     """Stands for a periodic clean-up; each slot runs once however many workers offer it."""

@@ -18,11 +18,15 @@ from .settings import WorkerConfig
 
 
 class BackgroundWorker:
-    """``start()`` runs a Worker on a daemon thread; ``stop()`` stops it gracefully (tasks in
+    """``start()`` runs a Worker on a daemon thread and returns once it has started: it checked
+    the schema and registered, or ``start()`` raises what stopped it (``SchemaMissing`` naming
+    the command to run, an unreachable database), so an application fails at its start-up
+    rather than serving requests without its worker. ``stop()`` stops it gracefully (tasks in
     flight finish within ``config.grace_seconds``, the rest are handed back) and waits for it.
 
     A context manager, sync or async: ``async with BackgroundWorker(config):`` in a FastAPI (or
-    any asyncio) lifespan stops it on a thread, so the event loop is not blocked meanwhile.
+    any asyncio) lifespan starts and stops it on a thread, so the event loop is not blocked
+    meanwhile.
     """
 
     def __init__(self, config: WorkerConfig, tasks: Registry | None = None, **kwargs: Any):
@@ -30,6 +34,7 @@ class BackgroundWorker:
         self._thread = threading.Thread(target=self._run, name="worker-background", daemon=True)
         self.exit_code: int | None = None
         self.error: BaseException | None = None
+        self._raised = False  # start() raised self.error already: stop() does not again
 
     def _run(self) -> None:
         try:
@@ -42,7 +47,16 @@ class BackgroundWorker:
         return self._thread.is_alive()
 
     def start(self) -> BackgroundWorker:
+        """Start the worker and wait until it has registered; raise what made it fail if it
+        could not (its thread has ended then: there is nothing to stop)."""
         self._thread.start()
+        # The worker's own connection timeouts bound the wait (connect, lock and idle timeouts).
+        while not self.worker.started.wait(0.05):
+            if not self._thread.is_alive():
+                break
+        if self.error is not None and not self.worker.started.is_set():
+            self._raised = True
+            raise self.error
         return self
 
     def stop(self, timeout: float | None = None) -> int | None:
@@ -54,7 +68,7 @@ class BackgroundWorker:
             self._thread.join(wait)
             if self._thread.is_alive():
                 raise TimeoutError(f"the background worker did not stop within {wait:g}s")
-        if self.error is not None:
+        if self.error is not None and not self._raised:
             raise self.error
         return self.exit_code
 
@@ -65,7 +79,7 @@ class BackgroundWorker:
         self.stop()
 
     async def __aenter__(self) -> BackgroundWorker:
-        return self.start()
+        return await asyncio.to_thread(self.start)
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop)

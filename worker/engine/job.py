@@ -96,6 +96,18 @@ class Job:
         self.attempt = self.claimed.attempt
 
 
+class MissedStart(Exception):
+    """A rate limit's paced job reached its handler past ``not_after``: started now, it could
+    crowd a window with the next starts of the pace. It goes back to the queue, uncounted."""
+
+    MESSAGE = "MissedStart: the worker was too busy to start it on time"
+
+
+def missed_start(job: Job) -> bool:
+    """Whether a paced job is too late to start now (its runner must give it back instead)."""
+    return bool(job.not_before) and time.monotonic() > job.not_after and not job.lost
+
+
 class Pending:
     """Finished jobs waiting to be acknowledged together."""
 

@@ -27,6 +27,7 @@ import psycopg
 from .. import store
 from ..coord import cancel as _cancel
 from ..db.connect import LEASE, OwnConnection
+from ..db.outage import OUTAGE, unreachable
 from ..db.sql import Queries
 
 log = logging.getLogger("worker")
@@ -116,9 +117,11 @@ class LeaseKeeper:
                     log.exception("lease renewal failed")
                     self._conn.close()
                     ok = False
-                # After a failure try again soon: an outage shorter than the lease must not
-                # cost it.
-                next_beat = now + (self.interval if ok else min(self.interval, 0.5))
+                # After a failure try again soon while there are leases to keep: an outage
+                # shorter than a lease must not cost them. Holding none, the next heartbeat
+                # comes at its usual time (retrying faster would only fill the log).
+                soon = not ok and any(True for _ in self._leased())
+                next_beat = now + (min(self.interval, 0.5) if soon else self.interval)
                 next_poll = now + self.cancel_poll
             elif self._check_cancels or (self._polling() and now >= next_poll):
                 self._check_cancels = False
@@ -159,8 +162,12 @@ class LeaseKeeper:
             )
         except psycopg.Error as exc:
             self._conn.close()
-            log.warning("lease renewal failed (%s); retrying", _first_line(exc))
+            if unreachable(exc):
+                OUTAGE.lost("lease renewal", exc)
+            else:
+                log.warning("lease renewal failed (%s); retrying", _first_line(exc))
             return False
+        OUTAGE.back("lease renewal")
         self.last_renewal = time.monotonic()
         if beat.lost:
             self._on_lost(sorted(beat.lost))

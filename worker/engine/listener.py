@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from ..db.connect import LISTEN, Backoff, connect
+from ..db.outage import OUTAGE, unreachable
 
 log = logging.getLogger("worker")
 
@@ -48,6 +49,7 @@ class Listener:
                     for channel in self.channels:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     backoff.reset()
+                    OUTAGE.back("listener")
                     self.connected = True
                     for wake in self.channels.values():
                         wake(None)  # something may have come while we were not listening
@@ -62,9 +64,13 @@ class Listener:
                                 break
             except psycopg.Error as exc:
                 self.connected = False
-                log.info(
-                    "listener disconnected (%s); polling until it reconnects", type(exc).__name__
-                )
+                if unreachable(exc):
+                    OUTAGE.lost("listener", exc)
+                else:
+                    log.info(
+                        "listener disconnected (%s); polling until it reconnects",
+                        type(exc).__name__,
+                    )
                 self._stop.wait(backoff.next())
         self.connected = False
 

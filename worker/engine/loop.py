@@ -42,6 +42,7 @@ from psycopg_pool import ConnectionPool
 from .. import store
 from ..coord import cancel as _cancel
 from ..db.connect import HANDLERS, Backoff, pool
+from ..db.outage import OUTAGE, unreachable
 from ..db.sql import queries
 from ..hooks import Hooks
 from ..tasks import results
@@ -85,6 +86,7 @@ class Worker:
         results.check_config(self.config, self.registry)
         self._stop = threading.Event()
         self.stop_now = threading.Event()
+        self.started = threading.Event()  # registered, its services running (see run)
         self.events = Inbox()  # what the other threads report, and the notifications
         self.table = JobTable(_OVERDUE_MARGIN)  # every job this process holds
         self._last_claim = 0.0
@@ -142,6 +144,7 @@ class Worker:
             startup.register(self.conn.get(), self)
             started = startup.start([self.executor, self.lease, self.maintenance, self.listener])
             startup.describe(self)
+            self.started.set()
             self.hooks.started(self)
             try:
                 self._loop()
@@ -199,17 +202,17 @@ class Worker:
                     self.conn.get()
                 self._touch(now)
                 backoff.reset()
+                OUTAGE.back("claim")
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.conn.close()
                 delay = backoff.next()
                 more = False
                 with self._hooks_lock:
                     self.hooks.db_error(self, exc)
-                log.warning(
-                    "database unavailable (%s); retrying in %.1fs",
-                    str(exc).strip().splitlines()[0] if str(exc) else type(exc).__name__,
-                    delay,
-                )
+                if unreachable(exc):
+                    OUTAGE.lost("claim", exc)
+                else:
+                    log.warning("claim or acknowledgement failed (%s); retrying", _first_line(exc))
                 # Retrying is not stuck: tell the supervisor so (see engine.supervisor), or an
                 # outage longer than its stuck limit gets every worker process killed.
                 self._touch(time.monotonic(), force=True)

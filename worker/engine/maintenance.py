@@ -1,4 +1,5 @@
-"""Maintenance apart from the claim loop: rescue, retention, cron and forgetting dead workers.
+"""Maintenance apart from the claim loop: rescue, retention, cron, forgetting dead workers and
+the minute rollup the charts read (``rollup``).
 
 One thread per worker process, with its own connection, so that a slow purge of a table with a
 million retained failures, or a cron tick, never delays a claim or a lease renewal. Every worker
@@ -25,7 +26,9 @@ import psycopg
 from .. import store
 from ..coord.cron import Ticker
 from ..db.connect import MAINTENANCE, Backoff, OwnConnection
+from ..db.outage import OUTAGE, unreachable
 from ..db.sql import Queries
+from . import rollup
 from .vacuum import Vacuumer
 
 log = logging.getLogger("worker")
@@ -55,6 +58,7 @@ class MaintenanceConfig:
     purge_batch: int = 5000
     purge_rounds: int = 20  # batches per purge pass; a backlog is worked off over several passes
     forget_workers_after: float = 86400.0
+    rollup_seconds: float = rollup.INTERVAL_SECONDS  # 0: record no minute
 
 
 class Maintenance:
@@ -118,6 +122,9 @@ class Maintenance:
             "cron": now if self._cron is not None else float("inf"),
             "probe": now + self._probe_seconds if self._probe is not None else float("inf"),
             "vacuum": now + self._vacuum.interval if self._vacuum is not None else float("inf"),
+            "rollup": now + random.uniform(0, cfg.rollup_seconds)
+            if cfg.rollup_seconds > 0
+            else float("inf"),
         }
         backoff = Backoff(0.5, 5.0)
         while not self._stop.is_set():
@@ -149,15 +156,21 @@ class Maintenance:
                 if self._vacuum is not None and now >= due["vacuum"]:
                     self._vacuum.tick(self._conn.get(), _STATEMENT_TIMEOUT_MS)
                     due["vacuum"] = now + self._vacuum.interval
+                if now >= due["rollup"]:
+                    rollup.record_minute(self._conn.get(), self.q)
+                    due["rollup"] = now + cfg.rollup_seconds * random.uniform(0.8, 1.2)
                 if now >= due["purge"]:
                     self.purge()
                     due["purge"] = now + cfg.purge_seconds * random.uniform(0.8, 1.2)
                 backoff.reset()
+                OUTAGE.back("maintenance")
             except Exception as exc:  # never die: a dead maintainer would rescue nothing again
                 self._conn.close()
                 delay = backoff.next()
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if isinstance(exc, psycopg.Error):
+                if unreachable(exc):
+                    OUTAGE.lost("maintenance", exc)
+                elif isinstance(exc, psycopg.Error):
                     log.warning("maintenance failed (%s); retrying in %.1fs", first, delay)
                 else:
                     log.exception("maintenance failed; retrying in %.1fs", delay)

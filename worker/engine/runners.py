@@ -31,7 +31,7 @@ from .. import hooks as _hooks
 from ..errors import Cancelled, DoNotRetry
 from ..tasks.registry import Context, TaskDef
 from ..tasks.results import encode_result
-from .job import Job, Outcome, format_error
+from .job import Job, MissedStart, Outcome, format_error, missed_start
 
 log = logging.getLogger("worker")
 
@@ -153,10 +153,11 @@ class Executor:
                     return
                 if job.not_before:
                     _wait_for_start(job)  # a rate limit's pace (see store.Claimed)
-                    if time.monotonic() > job.not_after and not job.lost:
+                    if missed_start(job):
                         # Too late for its place in the pace: started now, it could crowd a
                         # window with the next starts. It goes back, uncounted, for a later one.
-                        error = "MissedStart: the worker was too busy to start it on time"
+                        # (A transactional handler checks again once its transaction is open.)
+                        error = MissedStart.MESSAGE
                         self._events.put(
                             Outcome(job.token, ok=False, error=error, released=True, runner=number)
                         )
@@ -234,6 +235,8 @@ class Executor:
                     # Encoded here, off the main thread; a value that cannot be stored fails
                     # the task at once (ResultError is a DoNotRetry).
                     outcome.result = encode_result(value, self._max_result_bytes)
+        except MissedStart:  # a transactional handler's transaction opened too late to start
+            outcome.ok, outcome.released, outcome.error = False, True, MissedStart.MESSAGE
         except Cancelled as exc:
             outcome.ok, outcome.error = False, format_error(exc)
             if job.stop_requested and not job.cancel_requested:

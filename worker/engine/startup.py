@@ -25,7 +25,7 @@ from ..db.connect import CLAIM, OwnConnection
 from ..db.migrate import require_schema
 from ..db.sql import cancel_channel, notify_channel
 from ..tasks import limits as flow
-from ..tasks import results
+from ..tasks import results, routes
 from ..tasks.registry import Registry
 from .batch import Batcher
 from .lease import LeaseKeeper
@@ -54,11 +54,6 @@ class Parts:
     maintenance: Maintenance
     listener: Listener | None
     conn: OwnConnection  # the claim loop's own connection
-
-
-def routes(registry: Registry) -> dict[str, str]:
-    """Where rows of our tasks land when their producer names no queue (schema/0006)."""
-    return {name: d.queue for name in registry.names() if (d := registry.get(name))}
 
 
 def handler_attempts(registry: Registry) -> dict[str, int]:
@@ -163,7 +158,7 @@ def register(conn: psycopg.Connection, w: Worker) -> None:
         require_schema(conn, cfg.schema)
     # Flow control (schema/0014): the claims learn which queues are limited (Batcher.claim).
     flow.declare(conn, cfg.schema, w.registry.limits, by=f"worker {w.id[:8]}")
-    tasks = routes(w.registry)
+    tasks = routes.of(w.registry)
     conn.execute(
         w.q["register"],
         {
@@ -173,9 +168,11 @@ def register(conn: psycopg.Connection, w: Worker) -> None:
             "queues": w.queues,
             "concurrency": cfg.concurrency,
             "tasks": list(tasks),
-            "task_queues": list(tasks.values()),
         },
     )
+    # The queue of each task, so that rows inserted without one land where a worker of that
+    # task looks; then the rows of its tasks that were handed back are due at once.
+    routes.record(conn, cfg.schema, tasks)
     store.wake_handed_back(conn, cfg.schema, list(tasks))
 
 
@@ -205,4 +202,4 @@ def describe(w: Any) -> None:
     )
 
 
-__all__ = ["Parts", "assemble", "describe", "handler_attempts", "register", "routes", "start"]
+__all__ = ["Parts", "assemble", "describe", "handler_attempts", "register", "start"]

@@ -20,7 +20,7 @@ from .. import store
 from ..errors import Cancelled, LostLease
 from ..tasks import results
 from ..tasks.registry import Context, TaskDef
-from .job import Job
+from .job import Job, MissedStart, missed_start
 
 MakeContext = Callable[[Job, psycopg.Connection | None], Context]
 
@@ -54,6 +54,11 @@ class InTransaction:
         assert pool is not None
         c = job.claimed
         with pool.connection() as conn, conn.transaction():
+            # A rate limit's pace was checked before the connection was lent and the transaction
+            # begun, which may take long (a pool without a free connection, a server coming back):
+            # past its moment's slack, the handler must not start (the runner gives it back).
+            if missed_start(job):
+                raise MissedStart(f"task {c.id}: its transaction opened past its paced start")
             value = job.definition.fn(job.payload, self._context(job, conn))
             if self._stores_result(job.definition):
                 # A result that cannot be stored raises here (a DoNotRetry), rolling back the

@@ -17,7 +17,7 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from .bounds import clip
 from .console.app import Console
@@ -25,7 +25,6 @@ from .console.responses import HEADERS as CONSOLE_HEADERS
 from .console.responses import Response
 from .hosts import HostCheck
 from .httpd import SECURITY_HEADERS, response
-from .page.render import render_page
 from .readmodel import Database
 
 log = logging.getLogger("worker.metrics")
@@ -50,13 +49,6 @@ def healthz(head: bytes) -> bytes | None:
         plain = PLAIN
         return response(HTTPStatus.OK, HEALTHZ, plain, head=method == b"HEAD")
     return None
-
-
-def _page_number(query: str) -> int:
-    try:
-        return int(parse_qs(query).get("queues_page", ["1"])[0])
-    except ValueError:
-        return 1
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -187,17 +179,9 @@ class Handler(BaseHTTPRequestHandler):
             elif _is_console(path):
                 self._answer(self.console.get(path, url.query, self.headers), head=head)
             elif path in ("/", "/index.html"):
-                page = self.db.page()
-                body = render_page(
-                    page,
-                    schema=self.db.schema,
-                    dsn=self.db.display_dsn,
-                    expected_version=self.db.expected_version,
-                    ttl=self.db.ttl,
-                    queues_page=_page_number(url.query),
-                )
-                status = HTTPStatus.SERVICE_UNAVAILABLE if page.error else HTTPStatus.OK
-                self._send(status, body.encode(), "text/html; charset=utf-8", head)
+                # The console's overview, read-only, with the status page's headers (no script).
+                r = self.console.status_page(url.query)
+                self._send(r.status, r.body, r.content_type, head)
             else:
                 self._send(HTTPStatus.NOT_FOUND, b"not found\n", PLAIN, head)
         except (BrokenPipeError, ConnectionResetError):

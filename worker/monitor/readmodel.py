@@ -347,7 +347,7 @@ class Database:
             names = sorted({r.queue for r in snap.queues} | {k[0] for k in page.finished})
             cells = [(n, s) for n in names[:QUEUES_PER_PAGE] for s in ("done", "cancelled")]
             guesses = _admin.estimates(conn, self.schema, cells)
-            page.finished = {k: round(n) for k, n in guesses.items()}
+            page.finished = _admin.finished_estimates(page.finished, guesses)
         rows = {"limit": ROWS_SHOWN + 1}
         with conn.cursor(row_factory=dict_row) as cur:
             page.workers = cur.execute(q["workers"], rows).fetchall()

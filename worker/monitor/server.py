@@ -1,9 +1,10 @@
 """The monitor's HTTP server: /metrics, /healthz, /readyz, the status page at / and the operator
 console under /console/.
 
-One server per machine (the supervisor's, or the single worker process's). Everything it shows
-comes from the cached read model (``readmodel.Database``) and the registry of ``collector``; the
-console (``console.app``) has its own connections for job pages and actions.
+One server per machine (the supervisor's, or the single worker process's). /metrics and the
+queue figures of the pages come from the cached read model (``readmodel.Database``) and the
+registry of ``collector``; the console (``console.app``), which renders the status page too (its
+overview without the actions), has its own connections for the charts, job pages and actions.
 Connections are handled by ``httpd.BoundedServer``: idle and slow clients cost no thread, and
 /healthz is answered on its loop, so it never waits for the database or a busy thread; each
 request by ``handler.Handler``.

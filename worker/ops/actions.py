@@ -91,7 +91,9 @@ def record(
 
 
 def recent(conn: psycopg.Connection, schema: str, *, limit: int = 20) -> list[tuple[Any, ...]]:
-    """The newest actions, from any source: (id, at, actor, address, action, target, changed)."""
+    """The newest actions, from any source: (id, at, actor, address, action, target, changed,
+    interrupted); ``interrupted`` names what stopped an action between two batches (a signal),
+    None for one that ran to its end (or runs)."""
     return [
         (
             r["id"],
@@ -101,6 +103,7 @@ def recent(conn: psycopg.Connection, schema: str, *, limit: int = 20) -> list[tu
             r["action"],
             r["filter"],
             (r["counts"] or {}).get("changed", 0),
+            r["interrupted"],
         )
         for r in recent_actions(conn, schema, limit)
     ]

@@ -1,6 +1,7 @@
-"""The record of operator actions: one table (``actions``, schema/0008 and 0016) for every action
-an operator takes, whatever it came through (the CLI, the console, psql, the Python API): who,
-what, on which tasks, how many, from where, and whether it finished.
+"""The record of operator actions: one table (``actions``, schema/0008, 0016 and 0019) for every
+action an operator takes, whatever it came through (the CLI, the console, psql, the Python API):
+who, what, on which tasks, how many, from where, and how it ended (finished, or interrupted
+between two batches and by what).
 
 Passwords are scrubbed from every string before it is written, so a DSN pasted into a filter or
 a name stays out of the record.
@@ -81,14 +82,28 @@ def record_action(
 
 
 def finish_action(
-    target: Target, schema: str, action_id: int, counts: dict[str, Any], *, finished: bool = True
+    target: Target,
+    schema: str,
+    action_id: int,
+    counts: dict[str, Any] | None,
+    *,
+    finished: bool = True,
+    interrupted: str | None = None,
 ) -> None:
-    """Set the counts of a recorded action, and mark it finished (or interrupted: False)."""
+    """Set the counts of a recorded action (None: keep those recorded) and how it ended:
+    finished (``finished_at`` now), interrupted between two batches by ``interrupted`` (a
+    signal's name; ``finished_at`` now too), or neither (``finished=False``: still running, its
+    counts so far)."""
     with borrow(target) as conn:
         execute(
             conn,
             queries(schema)["action_finish"],
-            {"id": action_id, "counts": Jsonb(clean(counts)), "finished": finished},
+            {
+                "id": action_id,
+                "counts": None if counts is None else Jsonb(clean(counts)),
+                "finished": finished,
+                "interrupted": None if interrupted is None else clean(interrupted)[:100],
+            },
         )
 
 

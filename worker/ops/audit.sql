@@ -9,11 +9,13 @@ SELECT {schema}.record_action(%(actor)s, %(action)s, %(filter)s::jsonb, %(counts
                               %(source)s, %(finished)s, %(address)s) AS id;
 
 -- name: action_finish
-SELECT {schema}.finish_action(%(id)s, %(counts)s::jsonb, %(finished)s);
+-- The counts of an action (NULL: keep them) and how it ended: finished, interrupted by a signal
+-- between two batches (finished_at set too), or neither (still running).
+SELECT {schema}.finish_action(%(id)s, %(counts)s::jsonb, %(finished)s, %(interrupted)s::text);
 
 -- name: actions_recent
 -- The newest operator actions, newest first, from actions_at_idx.
-SELECT id, at, finished_at, actor, source, address, action, filter, counts
+SELECT id, at, finished_at, actor, source, address, action, filter, counts, interrupted
   FROM {schema}.actions
  ORDER BY at DESC, id DESC
  LIMIT %(limit)s;

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -151,6 +151,7 @@ class Outcome:
     actor: str | None = None
     action_id: int | None = None
     complete: bool = True
+    interrupted: str | None = None  # what stopped it between two batches (a signal's name)
 
     @property
     def changed_meanwhile(self) -> int:
@@ -177,6 +178,8 @@ class Outcome:
 
 
 Progress = Callable[[Outcome], None]
+# Asked between batches: None to go on, or why to stop (a signal's name, as "SIGTERM").
+Stop = Callable[[], str | None]
 
 
 def preview(
@@ -213,12 +216,16 @@ def apply(
     source: str = "python",
     batch: int = BATCH,
     progress: Progress | None = None,
+    stop: Stop | None = None,
 ) -> Outcome:
     """Run ``action`` over the tasks ``flt`` matches, ``batch`` rows per transaction, and record
-    it in ``actions`` (by ``actor``, from ``source``): the row is written first and its counts
-    when the action ends, so an interrupted action is on record with how far it got
-    (``finished_at`` NULL). Give a connection outside any transaction (or a pool or a DSN): in a
-    caller's open transaction every batch would commit with it, as one."""
+    it in ``actions`` (by ``actor``, from ``source``): the row first, the counts so far with each
+    batch (in its transaction), ``finished_at`` at the end. ``stop`` is asked before each batch:
+    a reason (a signal's name) ends the action there, recorded as interrupted by it with the
+    counts of the committed batches (``interrupted`` set, ``complete`` false); so does a batch
+    cancelled while ``stop`` names one (it rolls back). Another error leaves ``finished_at`` NULL
+    and is raised. Give a connection outside any transaction (or a pool or a DSN): in a caller's
+    open transaction every batch would commit with it, as one."""
     out = _start(action, flt, dry_run=False, batch=batch)
     out.actor = clean(actor)[:ACTOR_CHARS] or "unknown"
     with borrow(target) as conn:
@@ -231,14 +238,32 @@ def apply(
             source=source,
             finished=False,
         )
+        action_id = out.action_id
         out.complete = False
+
+        def record(counts: dict[str, Any]) -> None:
+            finish_action(conn, schema, action_id, counts, finished=False)
+
         try:
-            _walk(conn, schema, out, flt, batch, progress, keep=0)
-            _count_running(conn, schema, out, flt)
-            out.complete = True
+            _walk(conn, schema, out, flt, batch, progress, keep=0, stop=stop, record=record)
+            if out.interrupted is None:
+                _count_running(conn, schema, out, flt)
+                out.complete = True
+        except psycopg.errors.QueryCanceled:
+            reason = stop() if stop is not None else None
+            if reason is None:
+                raise
+            out.interrupted = reason  # the batch in flight rolled back; the counts are the rest
         finally:
             with contextlib.suppress(psycopg.Error):
-                finish_action(conn, schema, out.action_id, out.counts(), finished=out.complete)
+                finish_action(
+                    conn,
+                    schema,
+                    action_id,
+                    out.counts(),
+                    finished=out.complete,
+                    interrupted=out.interrupted,
+                )
     return out
 
 
@@ -258,21 +283,34 @@ def _walk(
     progress: Progress | None,
     *,
     keep: int,
+    stop: Stop | None = None,
+    record: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
+    """Every batch of every walk, added up in ``out``. ``stop``: asked before each batch (a
+    reason ends the walk there, in ``out.interrupted``). ``record``: given the counts with each
+    batch, inside that batch's transaction, so that they commit (or roll back) together."""
     filter_json = flt.as_json()
     for walk in walks(out.states):
         cursor: Any = None
         while True:
-            step = store.bulk_step(
-                conn,
-                schema,
-                action=out.action,
-                states=walk,
-                filter=filter_json,
-                cursor=cursor,
-                batch=batch,
-                dry_run=out.dry_run,
-            )
+            reason = stop() if stop is not None else None
+            if reason is not None:
+                out.interrupted = reason
+                return
+            with conn.transaction() if record is not None else contextlib.nullcontext():
+                step = store.bulk_step(
+                    conn,
+                    schema,
+                    action=out.action,
+                    states=walk,
+                    filter=filter_json,
+                    cursor=cursor,
+                    batch=batch,
+                    dry_run=out.dry_run,
+                )
+                if record is not None:
+                    record(_added(out, step).counts())
+            # Only once the batch committed: the counts are those of the rows changed.
             out.batches += 1
             out.matched += step.matched
             out.changed += step.changed
@@ -284,6 +322,17 @@ def _walk(
             if step.cursor is None:
                 break
             cursor = step.cursor
+
+
+def _added(out: Outcome, step: store.BulkStep) -> Outcome:
+    """``out`` with ``step`` added to its counts (a copy: ``out`` changes once the step commits)."""
+    return replace(
+        out,
+        batches=out.batches + 1,
+        matched=out.matched + step.matched,
+        changed=out.changed + step.changed,
+        skipped_dedupe=out.skipped_dedupe + len(step.skipped),
+    )
 
 
 @dataclass
@@ -348,32 +397,3 @@ def _recorded_filter(flt: Filter) -> dict[str, Any]:
     if ids and len(ids) > FILTER_IDS_KEPT:
         data["ids"], data["ids_total"] = ids[:FILTER_IDS_KEPT], len(ids)
     return data
-
-
-def describe(flt: Filter, states: Iterable[str]) -> str:
-    """The filter in words, for a terminal (the caller escapes it)."""
-    parts = [f"state {'/'.join(states)}"]
-    if flt.queue is not None:
-        parts.append(f"queue {flt.queue!r}")
-    if flt.task is not None:
-        parts.append(f"task {flt.task!r}")
-    if flt.error is not None:
-        parts.append(f"error ILIKE {flt.error!r}")
-    if flt.older_than is not None:
-        parts.append(f"older than {span(flt.older_than)}")
-    if flt.ids:
-        shown = ", ".join(str(i) for i in sorted(set(flt.ids))[:10])
-        parts.append(f"id in ({shown}{', ...' if len(set(flt.ids)) > 10 else ''})")
-    return ", ".join(parts)
-
-
-def span(seconds: float) -> str:
-    """Seconds in the units a person types: 90 -> 1m30s, 86400 -> 1d, 0.5 -> 0.5s."""
-    if seconds != int(seconds) or seconds < 60:
-        return f"{seconds:g}s"
-    left, out = int(seconds), []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if left >= size:
-            out.append(f"{left // size}{unit}")
-            left %= size
-    return "".join(out)

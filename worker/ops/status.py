@@ -32,6 +32,9 @@ SAMPLE = 200  # queued rows per queue looked at for tasks no live worker has a h
 SAMPLED_QUEUES = 100  # queues sampled so at most
 ADVICE_LINES = 10  # routing problems named one by one; the rest are counted
 MAX_ESTIMATES = 500  # (queue, state) pairs planned for an estimate at most
+# The planner estimates at least one row whatever the condition: below this, its statistics hold
+# no row of that (queue, state) at all.
+SEEN_NONE = 1.5
 
 
 # -- queue statistics ------------------------------------------------------------------------------
@@ -110,6 +113,26 @@ def finished_counts(
     rows = conn.execute(queries(schema)["finished_counts"], {"cap": cap}).fetchall()
     counts = {(name, state): int(n) for name, state, n in rows}
     return counts, sum(counts.values()) < cap
+
+
+def seen_none(count: int, guess: float | None) -> bool:
+    """A count short of exact that found no row, and a planner whose statistics hold none either:
+    the state has no rows to speak of, and shows 0 rather than the planner's floor of one row
+    (`cancelled ≈1` with nothing cancelled). Only done and cancelled can be short of exact at 0:
+    they are counted among the newest finished rows, the other states up to their cap."""
+    return count == 0 and guess is not None and guess < SEEN_NONE
+
+
+def finished_estimates(
+    counts: dict[tuple[str, str], int], guesses: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], int]:
+    """Done and cancelled per (queue, state) given when the newest finished rows were not all of
+    them: the planner's estimate, or the newest rows' count when that is larger; 0 where neither
+    found a row (see seen_none)."""
+    return {
+        k: 0 if seen_none(counts.get(k, 0), n) else max(round(n), counts.get(k, 0))
+        for k, n in guesses.items()
+    }
 
 
 def estimates(
@@ -293,6 +316,7 @@ def status(
         cells = [(e.queue, s) for e in queues for s in e.capped]
         guesses = estimates(conn, schema, cells)
     for e in queues:
+        e.capped = [s for s in e.capped if not seen_none(e.counts[s], guesses.get((e.queue, s)))]
         e.estimates = {s: round(guesses[(e.queue, s)]) for s in e.capped if (e.queue, s) in guesses}
     for w in workers:
         w["id"] = str(w["id"])

@@ -209,9 +209,13 @@ SELECT id, state FROM acked;
 -- SKIP LOCKED: a row locked right now is being changed by our own acknowledgement or by a
 -- transactional handler's commit (or by a rescuer, which the next heartbeat will notice); the
 -- heartbeat never waits for it, and counts it as ours while it still is, or is done by us.
+-- A rescue that found this worker silent marked its row stopped at its last heartbeat
+-- (stopped_at = heartbeat_at, see rescue in recovery.sql): a heartbeat means it lives, and clears
+-- that mark. A stop of its own (unregister) is never equal to a heartbeat and stays.
 WITH me AS (
     UPDATE {schema}.workers
-       SET heartbeat_at = now(), in_flight = cardinality(%(ids)s::bigint[])
+       SET heartbeat_at = now(), in_flight = cardinality(%(ids)s::bigint[]),
+           stopped_at = CASE WHEN stopped_at = heartbeat_at THEN NULL ELSE stopped_at END
      WHERE id = %(worker_id)s
 ), mine AS (
     SELECT t.id

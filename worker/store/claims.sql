@@ -170,7 +170,9 @@ WITH asked AS (
               t.trace_context::text AS trace_context,
               -- A paced start in seconds from now by the database clock (the worker counts
               -- them from when it reads this row, by its own clock), and how late it may start:
-              -- 2% of the shortest period of the queue's rates, the headroom the pace leaves.
+              -- 2% of the shortest period of the queue's rates (the pace leaves 5%: the rest is
+              -- for the delays between this statement and the handler's call the worker cannot
+              -- measure, such as this row's way back and a busy machine's scheduling).
               CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
                         AND EXISTS (SELECT 1 FROM limited AS l
                                      WHERE l.id = t.id AND l.start_at IS NOT NULL)

@@ -40,6 +40,11 @@ WITH acked AS (
     -- Their permits (limit_held: claimed under a concurrency limit) are free again.
     UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
      WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+), gone AS (
+    -- Its row in the registry: stopped, nothing in flight (status and the gauges then stop
+    -- counting it; a process that stopped cleanly said so itself).
+    UPDATE {schema}.workers AS w SET stopped_at = now(), in_flight = 0
+     WHERE w.id = %(worker_id)s AND w.stopped_at IS NULL
 )
 SELECT id, queue, task, state FROM acked;
 
@@ -54,8 +59,10 @@ SELECT id, queue, task, state FROM acked;
 -- the dead entries that every finished task leaves in tasks_lease_idx, and those pile up by the
 -- hundred thousand while a long transaction elsewhere holds vacuum back. A full pass now and
 -- then (see Maintenance.rescue) takes what a pass skipped because its row was locked.
+-- The workers whose rows these were are marked stopped in the registry when they have not beaten
+-- since (see gone).
 WITH expired AS (
-    SELECT id
+    SELECT id, worker_id, lease_expires_at
       FROM {schema}.tasks
      WHERE state = 'in_progress'
        AND lease_expires_at < now()
@@ -89,6 +96,20 @@ RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
     -- Their permits (limit_held: claimed under a concurrency limit) are free again.
     UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
      WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+), gone AS (
+    -- A worker whose heartbeat (which renews every lease it holds) has not come since the first
+    -- of these leases ran out is dead, hung or cut off: its row in the registry says it stopped
+    -- at its last heartbeat, with nothing in flight, so that status and the gauges stop counting
+    -- it and its stale in-flight count. stopped_at = heartbeat_at is this mark: a worker that was
+    -- only cut off clears it with its next heartbeat (see heartbeat in acks.sql).
+    UPDATE {schema}.workers AS w SET stopped_at = w.heartbeat_at, in_flight = 0
+      FROM (SELECT e.worker_id, min(e.lease_expires_at) AS lapsed
+              FROM expired AS e
+             WHERE e.worker_id IS NOT NULL
+             GROUP BY e.worker_id) AS e
+     WHERE w.id = e.worker_id
+       AND w.stopped_at IS NULL
+       AND w.heartbeat_at < e.lapsed
 )
 SELECT id, queue, task, state FROM acked;
 

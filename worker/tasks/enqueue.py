@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from .. import hooks as _hooks
 from .. import store
 from ..db.connect import Target, borrow
+from ..db.migrate import schema_errors
 from .limits import key_of
 from .payload import to_json
 from .registry import TaskDef, registry
@@ -129,7 +130,8 @@ def enqueue(
     schema: str = "worker",
 ) -> int:
     """Enqueue one task and return its id (the existing task's id when ``dedupe_key`` matches).
-    ``limit_key``: the key per-key limits count it under (default: the task's declaration)."""
+    ``limit_key``: the key per-key limits count it under (default: the task's declaration).
+    ``SchemaMissing`` when ``schema`` has no worker tables, or older ones."""
     params = _enqueue_params(
         task, payload, queue, run_at, delay, priority, max_attempts, dedupe_key, limit_key
     )
@@ -142,7 +144,7 @@ def enqueue(
 
 
 def _insert(target: Target, schema: str, params: dict[str, Any]) -> int:
-    with borrow(target) as conn:
+    with borrow(target) as conn, schema_errors(schema):
         return store.insert(conn, schema, params)
 
 
@@ -175,10 +177,11 @@ async def enqueue_async(
 async def _insert_async(
     target: psycopg.AsyncConnection | AsyncConnectionPool, schema: str, params: dict[str, Any]
 ) -> int:
-    if isinstance(target, AsyncConnectionPool):
-        async with target.connection() as conn:
-            return await store.insert_async(conn, schema, params)
-    return await store.insert_async(target, schema, params)
+    with schema_errors(schema):
+        if isinstance(target, AsyncConnectionPool):
+            async with target.connection() as conn:
+                return await store.insert_async(conn, schema, params)
+        return await store.insert_async(target, schema, params)
 
 
 def enqueue_many(
@@ -235,7 +238,7 @@ def _copy(
     when, seconds = _when(run_at, delay)
     row_tail: tuple[Any, ...] = (queue, priority, _check_max_attempts(max_attempts))
     # One transaction: the delay counts from the same now() as the rows' created_at.
-    with borrow(target) as conn, conn.transaction(), conn.cursor() as cur:
+    with schema_errors(schema), borrow(target) as conn, conn.transaction(), conn.cursor() as cur:
         if seconds is not None:
             when = store.delayed_until(cur, schema, seconds)
         # Without run_at the column's default applies: the database's now(), not this clock.

@@ -31,33 +31,86 @@ MAX_BY_CHARS = 200
 MAX_LISTED = 10_000
 COUNT_CAP = 10_000  # running and waiting counts stop here (see the `limits` query)
 MAX_PERIOD = 31_622_400.0  # a year (and a day): as the table's constraint
+MAX_CONCURRENCY = 100_000  # tasks running at once, per queue or per key (schema/0019)
+MAX_STARTS = 1_000_000_000  # starts per period
+MAX_PER_SECOND = 1_000_000  # starts a second: a rate past it could not be paced anyway
+MAX_BURST = 100_000
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
           "h": 3600.0, "hour": 3600.0, "d": 86400.0, "day": 86400.0}  # fmt: skip
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
 
 
-def parse_rate(text: str) -> tuple[int, float]:
-    """'50/s', '1000/h', '10/5s', '3/2.5min' -> (starts, period in seconds)."""
+class LimitError(ValueError):
+    """A limit out of range or malformed. ``field`` names it as the Python API does
+    (``key_rate``); ``problem`` says what is wrong, to follow the field's name (the CLI puts its
+    flag there: ``--key-rate``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def parse_rate(text: str, field: str = "rate") -> tuple[int, float]:
+    """'50/s', '1000/h', '10/5s', '3/2.5min' -> (starts, period in seconds); LimitError when it
+    is not such a text or out of range (see ``checked_rate``)."""
     m = _RATE.match(text.lower()) if isinstance(text, str) else None
     if m is None or m[3] not in _UNITS:
-        raise ValueError(f"a rate is N/PERIOD, as 50/s, 1000/h or 10/5min, not {text!r}")
+        raise LimitError(field, f"must be N/PERIOD, as 50/s, 1000/h or 10/5min, not {text!r}")
     count, scale = int(m[1]), float(m[2]) if m[2] else 1.0
-    return _checked_rate(count, scale * _UNITS[m[3]])
+    return checked_rate(count, scale * _UNITS[m[3]], field)
 
 
-def _checked_rate(count: int, seconds: float) -> tuple[int, float]:
-    if count < 0 or not math.isfinite(seconds) or not 0 < seconds <= MAX_PERIOD:
-        raise ValueError("a rate is at least 0 starts per period of more than 0 s up to a year")
-    return count, float(seconds)
+def checked_rate(count: Any, seconds: Any, field: str = "rate") -> tuple[int, float]:
+    """A rate in range: 1 to MAX_STARTS starts per period, a period of more than 0 s up to a
+    year, and at most MAX_PER_SECOND starts a second."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise LimitError(field, f"must be a whole number of starts per period, not {count!r}")
+    if not 1 <= count <= MAX_STARTS:
+        hint = " (to start nothing: pause the queue, or give it a concurrency of 0)"
+        raise LimitError(
+            field,
+            f"must be 1 to {MAX_STARTS} starts per period, not {count}{hint if count < 1 else ''}",
+        )
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise LimitError(field, f"must have a period in seconds, not {seconds!r}")
+    seconds = float(seconds)
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_PERIOD:
+        raise LimitError(
+            field, f"must have a period of more than 0 s up to a year, not {_secs(seconds)} s"
+        )
+    if count / seconds > MAX_PER_SECOND:
+        raise LimitError(
+            field,
+            f"must be at most {MAX_PER_SECOND} starts a second, not {count} per {_secs(seconds)} s",
+        )
+    return count, seconds
 
 
-def _rate(value: str | tuple[int, float] | None) -> tuple[int, float] | None:
+def _secs(seconds: float) -> str:
+    return f"{seconds:,.0f}" if seconds >= 1000 else f"{seconds:g}"
+
+
+def _rate(value: str | tuple[int, float] | None, field: str) -> tuple[int, float] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return parse_rate(value)
-    count, seconds = value
-    return _checked_rate(int(count), float(seconds))
+        return parse_rate(value, field)
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise LimitError(
+            field, f"must be a text such as '50/s' or (starts, seconds), not {value!r}"
+        )
+    return checked_rate(value[0], value[1], field)
+
+
+def _whole(field: str, value: Any, low: int, high: int, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise LimitError(
+            field, f"must be a whole number from {low} to {high} ({what}), not {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -67,10 +120,10 @@ class Limits:
     ``concurrency``: at most this many of the queue's tasks running at once, fleet-wide.
     ``key_concurrency``: at most this many running per key (see ``limit_key`` of a task).
     ``rate`` / ``key_rate``: at most N starts in any window of a period, for the queue / per key:
-    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``. Starts are spaced evenly (period / N apart, with
-    2% to spare for the handlers' start jitter); ``burst`` / ``key_burst`` let that many start
-    at once after a quiet spell (default 1: a window of one period then holds at most N starts;
-    with a burst B, at most N + B - 1).
+    ``"50/s"``, ``"1000/h"`` or ``(50, 1.0)``. Starts are spaced evenly (period / N x 1.05
+    apart: 5% to spare for the handlers' start jitter); ``burst`` / ``key_burst`` let that many
+    start at once after a quiet spell (default 1: a window of one period then holds at most N
+    starts; with a burst B, at most N + B - 1).
     """
 
     concurrency: int | None = None
@@ -91,17 +144,22 @@ class Limits:
         burst: int | None = None,
         key_burst: int | None = None,
     ) -> Limits:
-        for name, value in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be a whole number of at least 0, not {value!r}")
-        for name, value, of in (("burst", burst, rate), ("key_burst", key_burst, key_rate)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100000
-            ):
-                raise ValueError(f"{name} must be a whole number from 1 to 100000, not {value!r}")
-            if value is not None and of is None:
-                raise ValueError(f"{name} goes with a {name.replace('burst', 'rate')}")
-        made = cls(concurrency, key_concurrency, _rate(rate), _rate(key_rate), burst, key_burst)
+        """Checked limits: LimitError (a ValueError) for a value out of range or malformed, a
+        burst without its rate, or no limit at all. The database's set_queue_limit checks the
+        same (schema/0019)."""
+        running = "tasks running at once"
+        concurrency = _whole("concurrency", concurrency, 0, MAX_CONCURRENCY, running)
+        key_concurrency = _whole("key_concurrency", key_concurrency, 0, MAX_CONCURRENCY, running)
+        checked_rates = {"rate": _rate(rate, "rate"), "key_rate": _rate(key_rate, "key_rate")}
+        for name, value in (("burst", burst), ("key_burst", key_burst)):
+            _whole(name, value, 1, MAX_BURST, "starts at once")
+            of = name.replace("burst", "rate")
+            if value is not None and checked_rates[of] is None:
+                raise LimitError(name, f"goes with {of}")
+        made = cls(
+            concurrency, key_concurrency, checked_rates["rate"], checked_rates["key_rate"],
+            burst, key_burst,
+        )  # fmt: skip
         if made.empty:
             raise ValueError("give at least one limit (concurrency, key_concurrency, rate, ...)")
         return made

@@ -1,4 +1,5 @@
-"""The Django app, installed for its management command (``manage.py worker_run``)."""
+"""The Django app, installed for its migrations (``manage.py migrate`` makes the queue's schema:
+see ``schema``) and its management command (``manage.py worker_run``)."""
 
 from __future__ import annotations
 

@@ -18,15 +18,18 @@ The row is written on Django's own connection to ``OPTIONS["DATABASE"]`` (defaul
 writes. ``get_result()`` reads the row back on that same connection.
 
 OPTIONS: ``DATABASE`` (alias, default ``"default"``), ``SCHEMA`` (the queue's schema, default
-``"worker"``), ``MAX_ATTEMPTS`` (runs before a task that raises is FAILED, default 1: Django's
-tasks have no retry of their own, and a task that raised is expected to read FAILED).
+``"worker"``, made by ``manage.py migrate`` on that database: see ``schema``), ``MAX_ATTEMPTS``
+(runs before a task that raises is FAILED, default 1: Django's tasks have no retry of their own,
+and a task that raised is expected to read FAILED).
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils import timezone
 
-from worker import enqueue
+from worker import SchemaMissing, enqueue
+from worker.db.migrate import schema_errors, schema_missing
 from worker.db.sql import queries, validate_schema_name
 
 from .compat import (
@@ -151,6 +155,28 @@ class WorkerBackend(BaseTaskBackend):
             )
         return None
 
+    def migrate_command(self) -> str:
+        """What sets our schema up under Django: the app's migrations, on our database."""
+        database = "" if self.database == "default" else f" --database {self.database}"
+        return f"python manage.py migrate{database}"
+
+    def with_django_fix(self, exc: SchemaMissing) -> SchemaMissing:
+        """``exc`` naming the Django command that fixes it instead of ``worker migrate``."""
+        if exc.schema is None:
+            return exc
+        return schema_missing(
+            exc.schema, exc.version, needed=exc.needed, fix=self.migrate_command()
+        )
+
+    @contextlib.contextmanager
+    def _schema_errors(self) -> Iterator[None]:
+        """A missing or older schema raises ``SchemaMissing`` naming ``manage.py migrate``."""
+        try:
+            with schema_errors(self.schema):
+                yield
+        except SchemaMissing as exc:
+            raise self.with_django_fix(exc) from None
+
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         problem = self._database_problem()
         messages = list(super().check(**kwargs))
@@ -181,16 +207,17 @@ class WorkerBackend(BaseTaskBackend):
             # Only with USE_TZ off (Django refuses naive datetimes otherwise): Django's own
             # reading of a naive datetime, in the current time zone.
             run_at = timezone.make_aware(run_at)
-        task_id = enqueue(
-            self.connection(),
-            task.module_path,
-            payload_of(result.args, result.kwargs),
-            queue=task.queue_name,
-            run_at=run_at,
-            priority=task.priority,
-            max_attempts=self.max_attempts,
-            schema=self.schema,
-        )
+        with self._schema_errors():
+            task_id = enqueue(
+                self.connection(),
+                task.module_path,
+                payload_of(result.args, result.kwargs),
+                queue=task.queue_name,
+                run_at=run_at,
+                priority=task.priority,
+                max_attempts=self.max_attempts,
+                schema=self.schema,
+            )
         object.__setattr__(result, "id", str(task_id))
         object.__setattr__(result, "enqueued_at", timezone.now())
         task_enqueued.send(type(self), task_result=result)
@@ -203,11 +230,9 @@ class WorkerBackend(BaseTaskBackend):
             task_id = int(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(f"no task {result_id!r}: ids are integers") from None
-        row = (
-            self.connection()
-            .execute(queries(self.schema, SQL_DIR)["django_result"], {"id": task_id})
-            .fetchone()
-        )
+        statement = queries(self.schema, SQL_DIR)["django_result"]
+        with self._schema_errors():
+            row = self.connection().execute(statement, {"id": task_id}).fetchone()
         if row is None:
             raise TaskResultDoesNotExist(f"no task {task_id} (never enqueued, or purged)")
         return self._result(row)

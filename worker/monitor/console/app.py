@@ -1,5 +1,6 @@
 """The operator console under /console: which page or action a request names, who may do it, and
-the record of every action (the log, and the audit table through ``ConsoleData.act``).
+the record of every action (the log, and the audit table through ``ConsoleData.act``). It also
+renders the status page at / (``status_page``): its overview without the actions.
 
 Reads need nothing. Every POST is refused (403) unless actions are on (a console token is
 configured), the request comes from a page of this server (Origin matches Host), it belongs to a
@@ -8,24 +9,25 @@ signed-in session and it carries that session's CSRF token. A refused POST chang
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs
 
 import psycopg
 
-from ...coord import pause as _pause
 from ...db.dsn import scrub
 from ...ops import actions
 from ..bounds import clip
+from ..page.overview import Overview
+from ..page.render import render_page
 from ..readmodel import Database
 from . import jobs as console_jobs
 from . import views as console_views
+from .acts import Acts
 from .auth import ConsoleAuth, Session, clear_cookie, csrf_ok, same_origin, set_cookie
 from .data import ConsoleData, first_line
 from .filter import parse_filter
@@ -49,7 +51,7 @@ def _first(form: Mapping[str, list[str]], key: str) -> str:
     return (form.get(key) or [""])[0]
 
 
-class Console:
+class Console(Acts):
     def __init__(
         self, db: Database, data: ConsoleData, auth: ConsoleAuth, *, refresh: float = 5.0
     ) -> None:
@@ -99,18 +101,41 @@ class Console:
             page = console_views.message(frame, "Database problem", text)
             return self._html(page, HTTPStatus.SERVICE_UNAVAILABLE)
 
+    def overview(self, queues_page: int) -> Overview:
+        """What the overview shows, the console's and the status page's alike."""
+        return Overview(
+            self.db.page(),
+            self.data.throughput(),
+            self.data.trends(),
+            self._safe(self.data.paused, []),
+            self._safe(lambda: self.data.recent_actions(10), []),
+            queues_page,
+        )
+
+    def status_page(self, query: str) -> Response:
+        """The status page at /: the overview, read-only, without a script (served with the
+        status page's own Content-Security-Policy, which allows none)."""
+        try:
+            number = _page_number(parse_qs(query, max_num_fields=MAX_FORM_FIELDS))
+        except ValueError:  # more fields than a page of this console takes
+            number = 1
+        o = self.overview(number)
+        body = render_page(
+            o,
+            schema=self.schema,
+            dsn=self.db.display_dsn,
+            expected_version=self.db.expected_version,
+            ttl=self.db.ttl,
+        )
+        return self._html(body, _status(o.page))
+
     def _get(self, path: str, params: Mapping[str, list[str]], frame: Frame) -> Response:
         if path in ("/console", "/console/"):
-            page = self.db.page()
+            o = self.overview(_page_number(params))
             body = console_views.overview(
-                frame,
-                page,
-                self.data.throughput(),
-                self._safe(self.data.paused, []),
-                self._safe(lambda: self.data.recent_actions(10), []),
-                _page_number(params),
+                frame, o, expected_version=self.db.expected_version, ttl=self.db.ttl
             )
-            return self._html(body, _status(page))
+            return self._html(body, _status(o.page))
         if path == "/console/jobs":
             f, notes = parse_filter(params)
             cursor = _first(params, "cursor") or None
@@ -251,136 +276,6 @@ class Console:
             )
         log.info("console: %s signed in from %s", clip(session.name, 64), address)
         return redirect("/console/", ("Set-Cookie", set_cookie(session)))
-
-    def _act(
-        self,
-        session: Session,
-        who: tuple[str, str],
-        action: str,
-        target: Mapping[str, Any],
-        fn: Callable[[psycopg.Connection], actions.Outcome | bool],
-    ) -> actions.Outcome | None:
-        """Run an action with its audit record, log it, and on failure leave a message."""
-        name, address = who
-        try:
-            outcome = self.data.act(fn, actor=name, address=address, action=action, target=target)
-        except (psycopg.Error, ValueError) as exc:
-            text = scrub(first_line(exc))
-            log.warning(
-                "console: %s from %s: %s %s failed: %s",
-                clip(name, 64),
-                address,
-                action,
-                clip(str(dict(target)), 300),
-                text,
-            )
-            session.flash.append(f"{action} failed: {text}")
-            return None
-        log.info(
-            "console: %s from %s: %s %s: %d row(s) changed",
-            clip(name, 64),
-            address,
-            action,
-            clip(str(dict(target)), 300),
-            outcome.changed,
-        )
-        return outcome
-
-    def _task_action(
-        self, session: Session, who: tuple[str, str], task_id: int, verb: str
-    ) -> Response:
-        if task_id >= 2**63:
-            return redirect("/console/jobs")
-        fn = self._actions(who[0])[verb]
-        outcome = self._act(
-            session,
-            who,
-            verb,
-            {"task_id": task_id},
-            lambda conn: fn(conn, self.schema, [task_id]),
-        )
-        if outcome is not None:
-            past = {"retry": "retried", "cancel": "cancelled", "delete": "deleted"}[verb]
-            if outcome.requested:
-                session.flash.append(
-                    f"task {task_id}: cancel requested; it is running, its worker will stop it"
-                )
-            elif outcome.changed:
-                session.flash.append(f"task {task_id} {past}")
-            elif outcome.skipped:
-                session.flash.append(
-                    f"task {task_id} not retried: a scheduled, queued or running task holds its "
-                    "dedupe key"
-                )
-            else:
-                states = ", ".join(console_jobs.BULK[verb][1])
-                session.flash.append(f"task {task_id} not {past}: it is gone or no longer {states}")
-        if verb == "delete" and outcome is not None and outcome.changed:
-            return redirect("/console/jobs")
-        return redirect(f"/console/jobs/{task_id}")
-
-    def _bulk(
-        self, session: Session, who: tuple[str, str], form: Mapping[str, list[str]]
-    ) -> Response:
-        action = _first(form, "action")
-        f, _ = parse_filter(form)
-        back = "/console/jobs?" + urlencode(f.fields())
-        if action not in console_jobs.BULK or f.empty or f.id is not None:
-            session.flash.append("bulk action refused: it needs an action and a filter")
-            return redirect(back)
-        states = console_jobs.BULK[action][1]
-        try:
-            found, more = self.data.matching(f, limit=actions.MAX_IDS)
-        except psycopg.Error as exc:
-            session.flash.append(f"{action} failed: {scrub(first_line(exc))}")
-            return redirect(back)
-        ids = [task_id for task_id, state in found if state in states]
-        fn = self._actions(who[0])[action]
-        target = {"filter": f.fields(), "matched": len(found)}
-        outcome = self._act(
-            session, who, f"bulk {action}", target, lambda conn: fn(conn, self.schema, ids)
-        )
-        if outcome is not None:
-            text = f"{action}: {outcome.changed:,} of {len(found):,} matching task(s) changed"
-            if outcome.skipped:
-                text += f"; {outcome.skipped:,} skipped (a live task holds their dedupe key)"
-            if outcome.requested:
-                text += f" ({outcome.requested:,} running: their workers will stop them)"
-            if more:
-                text += "; more may match: run it again"
-            session.flash.append(text)
-        return redirect(back)
-
-    @staticmethod
-    def _actions(actor: str) -> dict[str, Callable[[psycopg.Connection, str, list[int]], Any]]:
-        """The task actions by verb; a cancel records who asked for it in the task row."""
-        return {
-            "retry": actions.retry,
-            "cancel": functools.partial(actions.cancel, by=actor),
-            "delete": actions.delete,
-        }
-
-    def _queue_action(
-        self, session: Session, who: tuple[str, str], verb: str, queue: str
-    ) -> Response:
-        if not 1 <= len(queue) <= _pause.MAX_QUEUE_CHARS:
-            session.flash.append(f"{verb} refused: a queue name is 1 to 255 characters")
-            return redirect("/console/queues")
-        if verb == "pause":
-            fn: Callable[[psycopg.Connection], bool] = lambda conn: _pause.pause(  # noqa: E731
-                conn, self.schema, queue, session.name
-            )
-        else:
-            fn = lambda conn: _pause.resume(conn, self.schema, queue)  # noqa: E731
-        outcome = self._act(session, who, verb, {"queue": queue}, fn)
-        if outcome is not None:
-            shown = clip(queue, 80)
-            if verb == "pause":
-                done = "paused" if outcome.changed else "was paused already"
-            else:
-                done = "resumed" if outcome.changed else "was not paused"
-            session.flash.append(f"queue {shown} {done}")
-        return redirect("/console/queues")
 
 
 def _page_number(params: Mapping[str, list[str]]) -> int:

@@ -5,19 +5,19 @@ browsing jobs or pressing a button must not make a scrape wait, so the console h
 connections of its own. Every read runs in a READ ONLY transaction, and everything (reads and
 actions) under a statement timeout. Job pages are bounded by construction (browse.sql:
 at most ``SCAN_ROWS`` rows walked per page); the throughput per minute is counted once per
-settled minute and kept (see ``Throughput``).
+settled minute and kept (see ``throughput``); the charts of queue depth and wait times read the
+minute rollup the workers write (trends.sql), at most once per ``ttl``.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -31,6 +31,8 @@ from ...db.connect import CONSOLE, pool
 from ...db.dsn import scrub
 from ...db.sql import queries
 from ...ops import actions
+from ..page.trends import Minute, Throughput, Trends
+from .charts import MINUTE_CAP, Charts
 from .filter import END, START, Filter, encode_cursor, walk_params
 
 # The statements of this room lie beside its modules (the core never loads them).
@@ -75,10 +77,6 @@ def download_params(task_id: int, what: str) -> dict[str, Any]:
 
 
 DOWNLOAD_MEMORY = 1024 * 1024  # bytes of a download held in memory; more wait in a file
-MINUTES = 60  # the throughput's window
-MINUTE_CAP = 100_000  # rows counted per minute and outcome at most
-SETTLE_SECONDS = 120  # a minute this long over is counted once and kept
-MINUTES_PER_REFRESH = 15  # settled minutes counted per refresh at most (the first view's cost)
 TIMED_OUT = (
     f"gave up after {STATEMENT_TIMEOUT_MS / 1000:g} s: narrow the filter (a queue, a task, a state)"
 )
@@ -104,22 +102,6 @@ class Page:
     rows: list[dict[str, Any]]
     next_cursor: str | None = None  # the page after this one, when there is one
     scanned_to: str | None = None  # the walk stopped at its limit here, the page not full
-    error: str | None = None
-
-
-@dataclass
-class Minute:
-    at: datetime
-    done: int
-    failed: int
-
-
-@dataclass
-class Throughput:
-    minutes: list[Minute] = field(default_factory=list)  # oldest first; missing: not counted yet
-    start: datetime | None = None  # the window's first minute
-    pending: int = 0  # minutes of the window not counted yet (counted on the next refreshes)
-    cap: int = MINUTE_CAP
     error: str | None = None
 
 
@@ -153,7 +135,7 @@ def browse_statement(
     return f"browse_{f.mode}", params
 
 
-class ConsoleData:
+class ConsoleData(Charts):
     def __init__(self, dsn: str, schema: str, *, ttl: float = 10.0, connect_timeout: int = 3):
         self.schema = schema
         self.q = queries(schema, SQL_DIR)
@@ -170,9 +152,7 @@ class ConsoleData:
             session=False,
             setup=lambda conn: conn.adapters.register_loader("timestamptz", _Timestamptz),
         )
-        self._minutes: dict[datetime, Minute] = {}
-        self._throughput: tuple[float, Throughput] | None = None
-        self._tp_lock = threading.Lock()
+        Charts.__init__(self)
         self._down_until = 0.0  # monotonic time until which loans fail at once (see _loan)
         self._down_reason = ""
 
@@ -295,53 +275,6 @@ class ConsoleData:
     def recent_actions(self, limit: int = 20) -> list[tuple[Any, ...]]:
         return self._run(lambda conn: actions.recent(conn, self.schema, limit=limit))
 
-    # throughput
-
-    def throughput(self) -> Throughput:
-        """Done and failed tasks per minute over the last hour, by the database's clock. A minute
-        over for SETTLE_SECONDS is counted once and kept; the newer ones are counted again at
-        each refresh (at most every ``ttl`` seconds), and at most MINUTES_PER_REFRESH missing
-        ones are added per refresh, newest first, so that no single view pays for a whole hour
-        of a busy table."""
-        with self._tp_lock:
-            cached = self._throughput
-            if cached is not None and time.monotonic() - cached[0] < self.ttl:
-                return cached[1]
-            try:
-                result = self._run(self._count_minutes)
-            except psycopg.Error as exc:
-                result = Throughput(error=first_line(exc))
-            self._throughput = (time.monotonic(), result)
-            return result
-
-    def _count_minutes(self, conn: psycopg.Connection) -> Throughput:
-        row = conn.execute(self.q["console_minute"]).fetchone()
-        assert row is not None
-        now: datetime = row[0]
-        window = [now - timedelta(minutes=i) for i in range(MINUTES)]  # newest first
-        settled = [m for m in window if now - m >= timedelta(seconds=SETTLE_SECONDS)]
-        fresh = [m for m in window if m not in settled]
-        missing = [m for m in settled if m not in self._minutes][:MINUTES_PER_REFRESH]
-        counted = conn.execute(
-            self.q["throughput_minutes"], {"minutes": fresh + missing, "cap": MINUTE_CAP}
-        ).fetchall()
-        recent = {}
-        for at, done, failed in counted:
-            minute = Minute(at, int(done), int(failed))
-            if at in settled:
-                self._minutes[at] = minute
-            else:
-                recent[at] = minute
-        for old in [m for m in self._minutes if m not in window]:
-            del self._minutes[old]
-        shown = [self._minutes.get(m) or recent.get(m) for m in reversed(window)]
-        return Throughput(
-            [m for m in shown if m is not None],
-            window[-1],
-            sum(1 for m in shown if m is None),
-            MINUTE_CAP,
-        )
-
     # actions
 
     def act(
@@ -374,4 +307,14 @@ class ConsoleData:
         return self._run(run, write=True)
 
 
-__all__ = ["PAGE_ROWS", "SCAN_ROWS", "ConsoleData", "Minute", "Page", "Throughput", "first_line"]
+__all__ = [
+    "MINUTE_CAP",
+    "PAGE_ROWS",
+    "SCAN_ROWS",
+    "ConsoleData",
+    "Minute",
+    "Page",
+    "Throughput",
+    "Trends",
+    "first_line",
+]

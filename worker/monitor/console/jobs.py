@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..page.markup import age, esc, num, table, when
+from ..page.layout import help_box
+from ..page.markup import STATE_LABELS, age, badge, esc, num, stamp, table
 from .data import DETAIL_CHARS, PAGE_ROWS, SCAN_ROWS, STATEMENT_TIMEOUT_MS, Page
 from .filter import STATES, Filter
 from .views import Frame, jobs_link, layout, task_link
@@ -25,7 +26,8 @@ BULK = {
 
 def _filter_form(f: Filter) -> str:
     options = "".join(
-        f'<option value="{s}"{" selected" if f.state == s else ""}>{s}</option>' for s in STATES
+        f'<option value="{s}"{" selected" if f.state == s else ""}>{STATE_LABELS[s]}</option>'
+        for s in STATES
     )
     return (
         '<form class="filter" method="get" action="/console/jobs">'
@@ -53,24 +55,23 @@ def _row(r: dict[str, Any]) -> str:
         f'<td class="n"><a href="{task_link(r["id"])}">{esc(r["id"])}</a></td>'
         f"<td>{esc(r['queue'], ROW_NAME_CHARS, length=r['queue_length'])}</td>"
         f"<td>{esc(r['task'], ROW_NAME_CHARS, length=r['task_length'])}</td>"
-        f'<td data-col="state">{esc(r["state"])}</td>'
+        f'<td data-col="state">{badge(r["state"])}</td>'
         f'<td class="n">{esc(r["attempts"])}/{esc(r["max_attempts"] or "-")}</td>'
-        f"<td>{esc(when(when_col))}</td>"
+        f"<td>{stamp(when_col)}</td>"
         f'<td class="err">{esc(first_line, ROW_TEXT_CHARS, length=length)}</td></tr>'
     )
 
 
 def browser(frame: Frame, f: Filter, page: Page, notes: list[str], cursor: str | None) -> str:
-    body = ["<h2>Jobs</h2>", _filter_form(f)]
-    body += [f'<div class="banner">{esc(n)}</div>' for n in notes]
-    body.append(
-        f'<p class="note">Each page walks the index that serves the filter and reads at most '
-        f"{SCAN_ROWS:,} rows; the text search (case-insensitive, in the payload and the last "
-        f"error) looks only at those rows, and a page gives up after "
-        f"{STATEMENT_TIMEOUT_MS / 1000:g} s. Order: newest first; queued tasks in the order "
-        "workers take them; scheduled ones next due first; finished ones newest finished first."
-        "</p>"
+    explained = help_box(
+        f"Each page walks the index that serves the filter and reads at most {SCAN_ROWS:,} rows; "
+        "the text search (case-insensitive, in the payload and the last error) looks only at "
+        f"those rows, and a page gives up after {STATEMENT_TIMEOUT_MS / 1000:g} s. Order: newest "
+        "first; queued tasks in the order workers take them; scheduled ones next due first; "
+        "finished ones newest finished first."
     )
+    body = [f'<div class="panel-head"><h2>Jobs</h2>{explained}</div>', _filter_form(f)]
+    body += [f'<div class="banner">{esc(n)}</div>' for n in notes]
     if page.error:
         body.append(f'<div class="banner">{esc(page.error)}</div>')
     rows = [_row(r) for r in page.rows]
@@ -98,7 +99,7 @@ def browser(frame: Frame, f: Filter, page: Page, notes: list[str], cursor: str |
     # Only a first page that costs no more than its rows refreshes itself: a later page would
     # shift under the reader, and a search would walk its rows again every few seconds.
     live = "" if cursor or f.narrows_walk else " data-live"
-    body.append(f'<section id="live-jobs"{live}>{listing}{pager}</section>')
+    body.append(f'<section class="panel" id="live-jobs"{live}>{listing}{pager}</section>')
     if frame.can_act:
         if f.empty:
             body.append('<p class="note">Set a filter to act on every task it matches.</p>')
@@ -121,47 +122,47 @@ def _fields(task: dict[str, Any]) -> list[tuple[str, str]]:
             stopped = " (stopped)" if task["worker_stopped_at"] else ""
             worker += (
                 f" on {esc(task['worker_host'])}, pid {esc(task['worker_pid'])}, heartbeat "
-                f"{esc(when(task['worker_heartbeat_at']))}{stopped}"
+                f"{stamp(task['worker_heartbeat_at'])}{stopped}"
             )
     lease = "-"
     if task["lease_expires_at"] is not None:
         left = task["lease_seconds_left"]
-        lease = f"until {esc(when(task['lease_expires_at']))}"
+        lease = f"until {stamp(task['lease_expires_at'])}"
         if left is not None:
             lease += f" ({esc(age(left))} left)" if left >= 0 else " (expired)"
     ran = task["ran_seconds"] if task["started_at"] else None
     most = task["max_attempts"] or "the handler's maximum"
-    cron = f"{task['cron_key']} at {when(task['cron_at'])}" if task["cron_key"] else "-"
+    cron = f"{esc(task['cron_key'])} at {stamp(task['cron_at'])}" if task["cron_key"] else "-"
     return [
-        ("state", f'<b data-value="state">{esc(task["state"])}</b>'),
+        ("state", f'<span data-value="state">{badge(task["state"])}</span>'),
         ("queue", f'<a href="{esc(jobs_link(task["queue"]), 5000)}">{esc(task["queue"])}</a>'),
         ("task", esc(task["task"], 1000, length=task["task_length"])),
         ("attempts", f"{esc(task['attempts'])} of {esc(most)}"),
         ("priority", esc(task["priority"])),
-        ("created", esc(when(task["created_at"]))),
-        ("run at", esc(when(task["run_at"]))),
-        ("started", esc(when(task["started_at"]))),
-        ("finished", esc(when(task["finished_at"]))),
+        ("created", stamp(task["created_at"])),
+        ("run at", stamp(task["run_at"])),
+        ("started", stamp(task["started_at"])),
+        ("finished", stamp(task["finished_at"])),
         ("waited", esc(age(task["waited_seconds"]))),
         ("ran", esc(age(ran))),
         ("worker", worker),
         ("lease", lease),
         ("handed back", f"{esc(task['handed_back'])} time(s) by workers without its handler"),
         ("dedupe key", esc(task["dedupe_key"] or "-", 1000)),
-        ("cron", esc(cron)),
-        ("cancel", esc(_cancel_text(task))),
+        ("cron", cron),
+        ("cancel", _cancel_text(task)),
     ]
 
 
 def _cancel_text(task: dict[str, Any]) -> str:
-    """Who asked to cancel the task and when, and what that has done so far."""
+    """Who asked to cancel the task and when, and what that has done so far (markup)."""
     at = task["cancel_requested_at"]
     if at is None:
         return "-"
-    who = task["cancelled_by"] or "?"
+    who = esc(task["cancelled_by"] or "?")
     if task["state"] == "in_progress":
-        return f"requested by {who} at {when(at)}: its worker is stopping it"
-    return f"by {who} at {when(at)}"
+        return f"requested by {who} at {stamp(at)}: its worker is stopping it"
+    return f"by {who} at {stamp(at)}"
 
 
 def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
@@ -200,13 +201,14 @@ def detail(frame: Frame, task: dict[str, Any] | None, task_id: int) -> str:
                 "while it runs.</span>"
             )
         actions = f'<div id="actions">{"".join(buttons)}</div>'
+    result = _value(task, "result", "Result") if task["result_stored"] is not None else ""
     body = (
-        f"<h2>Task {esc(task['id'])}</h2>{actions}"
-        f'<section id="live-task" data-live><table class="fields">{fields}</table>'
+        f'<div class="panel-head task-head"><h2>Task {esc(task["id"])}</h2>'
+        f"{badge(task['state'])}</div>{actions}"
+        f'<section class="panel" id="live-task" data-live><table class="fields">{fields}</table>'
         f"<h3>Last error (attempt {esc(task['attempts'])})</h3>{err_html}</section>"
-        f"{_value(task, 'payload', 'Payload')}"
-        f"{_value(task, 'result', 'Result') if task['result_stored'] is not None else ''}"
-        f"{_history(task)}"
+        f'<section class="panel">{_value(task, "payload", "Payload")}{result}'
+        f"{_history(task)}</section>"
     )
     return layout(frame, "jobs", f"Task {task['id']}", body)
 
@@ -260,7 +262,7 @@ def _history(task: dict[str, Any]) -> str:
     if not errors:
         return '<h3>Attempts</h3><p class="note">No attempt has failed.</p>'
     rows = "".join(
-        f"<tr><td>{esc(e.get('attempt'))}</td><td>{esc(e.get('at'))}</td>"
+        f"<tr><td>{esc(e.get('attempt'))}</td><td>{stamp(e.get('at'))}</td>"
         f"<td>{esc(str(e.get('worker_id') or '')[:8])}</td>"
         f"<td><pre>{esc(e.get('error') or '', len(e.get('error') or ''))}</pre></td></tr>"
         for e in errors
@@ -285,13 +287,13 @@ def bulk_confirm(
     for _, state in found:
         per_state[state] = per_state.get(state, 0) + 1
     eligible = sum(n for s, n in per_state.items() if s in states)
-    summary = ", ".join(f"{num(n)} {esc(s)}" for s, n in sorted(per_state.items())) or "none"
+    summary = ", ".join(f"{num(n)} {badge(s)}" for s, n in sorted(per_state.items())) or "none"
     described = ", ".join(f"{k} = {v}" for k, v in f.fields().items())
     body = [
         f"<h2>{esc(label)} every task of a filter</h2>",
         f"<p>Filter: <code>{esc(described, 2000)}</code></p>",
         f'<p>Matching tasks found: <b id="bulk-found">{num(len(found))}</b> ({summary}). '
-        f"{esc(label)} applies to {esc(', '.join(states))} tasks: "
+        f"{esc(label)} applies to {' '.join(badge(st) for st in states)} tasks: "
         f'<b id="bulk-eligible">{num(eligible)}</b> of them.</p>',
     ]
     if more:

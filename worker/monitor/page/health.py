@@ -1,4 +1,4 @@
-"""The status page's "Database health" panel: `worker doctor`'s findings (without the claim
+"""The overview's "Database health" panel: `worker doctor`'s findings (without the claim
 probe) as HTML.
 
 Findings carry text from the database (application names, queue and task names, a session's
@@ -11,18 +11,26 @@ from __future__ import annotations
 
 from ..doctor.checkup import Report
 from ..doctor.findings import ordered
-from .markup import age, esc, when
+from .layout import panel
+from .markup import age, esc, stamp
 
 SUMMARY_CHARS = 1200  # a finding's summary or action on the page
 SHOWN = 50  # findings listed at most
 _CLASS = {"critical": "bad", "warning": "warn", "ok": "ok"}
+HEALTH_HELP = (
+    "The checks of <code>worker doctor</code> (all but the cost of the claim), run again at most "
+    "once per refresh of the page's data: connections, long transactions and what holds vacuum "
+    "back, table bloat, the routing of queues and tasks. Problems come first, critical before "
+    "warnings, each with what to do. <code>worker doctor</code> runs them too, with the claim's "
+    "cost and options for every threshold."
+)
 
 
 def render_doctor_panel(report: Report | None) -> str:
     """The panel's HTML ('' without a report: the page was built before any health read)."""
     if report is None:
         return ""
-    parts = ['<h2 id="health">Database health</h2>']
+    parts = []
     problems = report.problems()
     if report.error:
         parts.append(
@@ -53,11 +61,9 @@ def render_doctor_panel(report: Report | None) -> str:
             else f'<p class="note ok">All {len(ok)} checks ok: {esc(codes, SUMMARY_CHARS)}.</p>'
         )
     parts.append(
-        f'<p class="note">As of {esc(when(report.wall))} (took {esc(age(report.duration))}). '
-        "<code>worker doctor</code> runs these checks too, with the claim's cost and options "
-        "for every threshold.</p>"
+        f'<p class="note">As of {stamp(report.wall)} (took {esc(age(report.duration))}).</p>'
     )
-    return "".join(parts)
+    return panel("health", "Database health", "".join(parts), help=HEALTH_HELP)
 
 
 __all__ = ["render_doctor_panel"]

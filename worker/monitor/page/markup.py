@@ -1,5 +1,7 @@
-"""The status page's pieces: escaping and cutting, numbers, ages and times, and the tables of
-rows that other features own (cron schedules, locks), whose columns the page does not fix.
+"""The pieces of every page (the status page's and the console's): escaping and cutting,
+numbers, ages, the one way a time is shown (``stamp``), the badge of a task state (``badge``),
+and the tables of rows that other features own (cron schedules, locks), whose columns the page
+does not fix.
 
 Every value from the database goes through ``esc``: cut by ``bounds.clip``, then escaped.
 """
@@ -56,17 +58,81 @@ def age(seconds: float | None) -> str:
 
 
 def when(value: Any) -> str:
+    """A time as text: ``2025-01-05 14:03:22 UTC`` (for places that cannot hold markup: a chart's
+    tooltip, a message); pages show times with ``stamp``, whose text this is."""
     if isinstance(value, datetime):
+        if value.year in (1, 9999):  # what the console reads for -infinity and infinity
+            return "-infinity" if value.year == 1 else "infinity"
         return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return "-" if value is None else str(value)
+
+
+def relative(value: datetime, now: datetime | None = None) -> str:
+    """How long ago (or how far ahead) ``value`` is: ``just now``, ``42 s ago``, ``3 min ago``,
+    ``in 5 h``, ``12 d ago``."""
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    span = abs(seconds)
+    if span < 5:
+        return "just now"
+    if span < 90:
+        n, unit = round(span), "s"
+    elif span < 90 * 60:
+        n, unit = round(span / 60), "min"
+    elif span < 36 * 3600:
+        n, unit = round(span / 3600), "h"
+    else:
+        n, unit = round(span / 86400), "d"
+    return f"in {n:,} {unit}" if seconds < 0 else f"{n:,} {unit} ago"
+
+
+def as_time(value: Any) -> datetime | None:
+    """A datetime, or a timestamp as to_jsonb writes it (``2025-01-05T14:03:22.5+00:00``)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        with contextlib.suppress(ValueError):
+            parsed = datetime.fromisoformat(value)
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def stamp(value: Any, now: datetime | None = None) -> str:
+    """A time as every page shows it: ``2025-01-05 14:03:22 UTC`` in a ``<time>`` element whose
+    title says how long ago it was; ``-`` for none; anything else escaped as it is."""
+    at = as_time(value)
+    if at is None:
+        return esc(when(value))
+    if at.year in (1, 9999):
+        return esc(when(at))
+    iso = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f'<time datetime="{iso}" title="{relative(at, now)}">{when(at)}</time>'
+
+
+# The task states, in the order a task goes through them, with the label each is shown with. Each
+# has its colour (the style sheet's .state-NAME), always beside its label, never alone.
+STATE_LABELS = {
+    "scheduled": "scheduled",
+    "queued": "queued",
+    "in_progress": "in progress",
+    "done": "done",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+def badge(state: Any, label: str | None = None) -> str:
+    """A task state as a coloured label (its own label, or ``label``)."""
+    name = str(state)
+    shown = label if label is not None else STATE_LABELS.get(name, name)
+    cls = f"state state-{name}" if name in STATE_LABELS else "state"
+    return f'<span class="{cls}">{esc(shown)}</span>'
 
 
 def cell(value: Any) -> str:
     if isinstance(value, dict | list):
         return esc(json.dumps(value, sort_keys=True, default=str))
-    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
-        with contextlib.suppress(ValueError):
-            return esc(when(datetime.fromisoformat(value)))  # a timestamp from to_jsonb
+    if as_time(value) is not None:
+        return stamp(value)  # a datetime, or a timestamp from to_jsonb
     return esc(when(value))
 
 
@@ -117,25 +183,26 @@ def cron_table(schedules: list[dict[str, Any]], runs: dict[str, dict[str, Any]])
 
     def extra(row: dict[str, Any]) -> list[str]:
         last = next((runs[str(row[k])] for k in CRON_KEYS if str(row.get(k)) in runs), None)
-        out = [esc(f"{last['state']} (slot {when(last['cron_at'])})") if last else "-"]
+        out = [f"{badge(last['state'])} slot {stamp(last['cron_at'])}" if last else "-"]
         if not has_next:
-            out.append(esc(next_cron(row, now)))
+            out.append(stamp(next_cron(row, now)))
         return out
 
     head = ("latest run",) if has_next else ("latest run", "next run")
     return generic_rows(schedules, first=CRON_FIRST, extra_head=head, extra=extra)
 
 
-def next_cron(row: dict[str, Any], now: datetime) -> str:
+def next_cron(row: dict[str, Any], now: datetime) -> datetime | None:
     expr = next((row[k] for k in CRON_EXPR if isinstance(row.get(k), str)), None)
     if not expr:
-        return "-"
+        return None
     try:
         tz_name = row.get("timezone") or row.get("tz") or "UTC"
         start = now.astimezone(ZoneInfo(str(tz_name)))
-        return when(croniter(expr, start).get_next(datetime))
+        found = croniter(expr, start).get_next(datetime)
+        return found if isinstance(found, datetime) else None
     except Exception:
-        return "-"
+        return None
 
 
 def our_advisory_class() -> int | None:
@@ -161,7 +228,10 @@ def lock_key(row: dict[str, Any], ours: int | None) -> tuple[str, str]:
 
 __all__ = [
     "LOCK_FIRST",
+    "STATE_LABELS",
     "age",
+    "as_time",
+    "badge",
     "cron_table",
     "esc",
     "generic_rows",
@@ -169,6 +239,8 @@ __all__ = [
     "more_note",
     "num",
     "our_advisory_class",
+    "relative",
+    "stamp",
     "table",
     "when",
 ]

@@ -1,5 +1,6 @@
-"""The status page's sections, which the console shows as well: headline cards, routing
-advice, the queue table, workers, failures, cron and locks.
+"""The overview's sections, the same on the status page and in the console: headline cards,
+routing advice, the queue table, workers, failures, cron and locks (their explanations, behind
+each panel's "?", are the ``*_HELP`` texts).
 
 Every value from the database passes through ``esc`` (``html.escape`` of a value cut by
 ``bounds.clip``): task names, queue names and errors are whatever a producer wrote. Every table
@@ -17,6 +18,7 @@ from ..readmodel import ALIVE_SECONDS, PageData, Snapshot
 from .markup import (
     LOCK_FIRST,
     age,
+    badge,
     cron_table,
     esc,
     generic_rows,
@@ -24,8 +26,8 @@ from .markup import (
     more_note,
     num,
     our_advisory_class,
+    stamp,
     table,
-    when,
 )
 
 
@@ -83,7 +85,8 @@ def _rest(page: PageData) -> QueueRow:
 
 
 def cards(page: PageData, extra: tuple[tuple[str, str], ...] = ()) -> str:
-    """The headline numbers; ``extra``: more (value, label) cards, values already escaped."""
+    """The headline numbers, each task state's in its colour with its label; ``extra``: more
+    (value, label) cards, values already escaped."""
     snap = page.snapshot
     shown = [*snap.queues, _rest(page)]
     total_queued = sum(q.queued for q in shown)
@@ -93,21 +96,20 @@ def cards(page: PageData, extra: tuple[tuple[str, str], ...] = ()) -> str:
     if any("failed" in q.capped_states for q in snap.queues):
         failed_total, failed_mark = snap.estimates.get("failed"), "≈"
     values = [
-        (_mark(shown, ("queued",)) + num(total_queued), "queued (due)"),
-        (_mark(shown, ("scheduled",)) + num(sum(q.delayed for q in shown)), "scheduled"),
-        (num(sum(q.running for q in snap.queues)), "in progress"),
-        (age(oldest) if oldest else "-", "oldest due task waited"),
-        (num(snap.workers_alive), "workers alive"),
-        (failed_mark + num(failed_total), "failed (kept)"),
-        *extra,
+        (_mark(shown, ("queued",)) + num(total_queued), "queued", "queued (due)"),
+        (_mark(shown, ("scheduled",)) + num(sum(q.delayed for q in shown)), "scheduled", ""),
+        (num(sum(q.running for q in snap.queues)), "in_progress", ""),
+        (age(oldest) if oldest else "-", "", "oldest due task waited"),
+        (num(snap.workers_alive), "", "workers alive"),
+        (failed_mark + num(failed_total), "failed", "failed (kept)"),
+        *((v, "", label) for v, label in extra),
     ]
-    return (
-        '<div class="cards">'
-        + "".join(
-            f'<div class="card"><b>{v}</b><span>{esc(label)}</span></div>' for v, label in values
-        )
-        + "</div>"
-    )
+    shown_cards = []
+    for v, state, label in values:
+        cls = f"card card-{state}" if state else "card"
+        name = badge(state, label or None) if state else esc(label)
+        shown_cards.append(f'<div class="{cls}"><b>{v}</b><span>{name}</span></div>')
+    return '<div class="cards">' + "".join(shown_cards) + "</div>"
 
 
 def routing(snap: Snapshot) -> str:
@@ -126,15 +128,23 @@ def routing(snap: Snapshot) -> str:
 
 QUEUE_HEAD = [
     "queue",
-    "queued (due)",
-    "scheduled",
-    "in progress",
-    "done",
-    "failed",
-    "cancelled",
+    badge("queued", "queued (due)"),
+    badge("scheduled"),
+    badge("in_progress"),
+    badge("done"),
+    badge("failed"),
+    badge("cancelled"),
     "oldest due",
     "live worker",
 ]
+QUEUES_HELP = (
+    "Tasks per queue and state; each count links to those tasks in the job browser. Counts stop "
+    "at the counting cap: beyond it ≈ marks the planner's estimate, ≥ the cap where the estimate "
+    "is lower. When the task table holds many finished rows, done and cancelled rows are not "
+    "counted per queue: ≈ marks the planner's estimates there too. “oldest due” is how long the "
+    "oldest task that may run now has waited; “live worker” whether a live worker serves the "
+    "queue."
+)
 
 
 def queue_names(page: PageData) -> list[str]:
@@ -180,8 +190,9 @@ def queue_table(
             elif page.finished_exact:
                 counts[state] = num(page.finished.get((name, state), 0))
             else:
+                # 0 is exact: the planner's estimate is never below one row (see seen_none).
                 n = page.finished.get((name, state))
-                counts[state] = "-" if n is None else "≈" + num(n)
+                counts[state] = "-" if n is None else "0" if n == 0 else "≈" + num(n)
         cells = [f'<td data-col="queue">{linked(name, "", esc(name))}</td>']
         for state, value in counts.items():
             cls = " bad" if state == "failed" and value not in ("0", "-") else ""
@@ -206,24 +217,22 @@ def queue_table(
             f"({'≥' if rest.capped else ''}{num(rest.delayed)} scheduled) are counted "
             "together.</p>"
         )
-    if not page.finished_exact:
-        parts.append(
-            '<p class="note">The task table holds many finished rows, so done and cancelled '
-            "rows are not counted per queue: ≈ marks the planner's estimates.</p>"
-        )
-    parts.append(
-        '<p class="note">Counts stop at the counting cap: beyond it ≈ marks the planner\'s '
-        'estimate, ≥ the cap where the estimate is lower. "oldest due" is how long the oldest '
-        "task that may run now has waited.</p>"
-    )
     return "".join(parts)
 
 
-def workers_heading(page: PageData) -> str:
+WORKERS_HELP = (
+    "The worker processes registered and not stopped, newest first: the queues each serves, its "
+    "slots (concurrency), its last heartbeat (a worker silent for longer than the liveness "
+    "window is shown in red: its tasks go back to the queue when their lease runs out) and the "
+    "tasks it runs now."
+)
+
+
+def workers_count(page: PageData) -> str:
     many = "over " if len(page.workers) > ROWS_SHOWN else ""
     return (
-        f'<h2 id="workers">Workers ({many}{min(len(page.workers), ROWS_SHOWN)} registered and '
-        "not stopped)</h2>"
+        f'<p class="count">{many}{min(len(page.workers), ROWS_SHOWN)} registered and not '
+        "stopped</p>"
     )
 
 
@@ -238,7 +247,7 @@ def workers_table(page: PageData) -> str:
             f'<td>{esc(w["host"])}</td><td class="n">{esc(w["pid"])}</td>'
             f"<td>{esc(', '.join(w.get('queues') or []))}</td>"
             f'<td class="n">{esc(w["concurrency"])}</td>'
-            f"<td>{esc(when(w['started_at']))}</td>"
+            f"<td>{stamp(w['started_at'])}</td>"
             f'<td class="n{hb_cls}">{esc(age(hb))} ago</td>'
             f'<td class="n">{esc(w["in_flight"])}</td>'
             "</tr>"
@@ -267,7 +276,7 @@ def failed_table(page: PageData, link: Callable[[int], str] | None = None) -> st
             f'<tr data-task-id="{esc(f["id"])}">'
             f'<td class="n">{shown_id}</td><td>{task}</td><td>{queue}</td>'
             f'<td class="n">{esc(f["attempts"])}/{esc(f["max_attempts"])}</td>'
-            f"<td>{esc(when(f['finished_at']))}</td>"
+            f"<td>{stamp(f['finished_at'])}</td>"
             f'<td class="err">{err_html}</td></tr>'
         )
     return table(
@@ -291,8 +300,8 @@ def cron_section(page: PageData, schema: str) -> str:
         table(
             ["cron key", "slot", "state", "finished"],
             [
-                f"<tr><td>{esc(r['cron_key'])}</td><td>{esc(when(r['cron_at']))}</td>"
-                f"<td>{esc(r['state'])}</td><td>{esc(when(r['finished_at']))}</td></tr>"
+                f"<tr><td>{esc(r['cron_key'])}</td><td>{stamp(r['cron_at'])}</td>"
+                f"<td>{badge(r['state'])}</td><td>{stamp(r['finished_at'])}</td></tr>"
                 for r in page.cron_runs[:ROWS_SHOWN]
             ],
             empty="no cron runs kept",
@@ -333,7 +342,9 @@ def locks_section(page: PageData, schema: str) -> str:
 
 
 __all__ = [
+    "QUEUES_HELP",
     "QUEUE_HEAD",
+    "WORKERS_HELP",
     "banners",
     "cards",
     "cron_section",
@@ -342,6 +353,6 @@ __all__ = [
     "queue_names",
     "queue_table",
     "routing",
-    "workers_heading",
+    "workers_count",
     "workers_table",
 ]

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from psycopg.conninfo import make_conninfo
 
-from worker import ConfigError, Worker, WorkerConfig
+from worker import ConfigError, SchemaMissing, Worker, WorkerConfig
 
 from ...backend import WorkerBackend
 from ...compat import task_backends
@@ -138,7 +138,9 @@ class Command(BaseCommand):
         )
         try:
             code = worker.run()
-        except ConfigError as exc:  # the schema is missing or behind: `worker migrate`
+        except SchemaMissing as exc:  # the schema is missing or behind: `manage.py migrate`
+            raise CommandError(str(backend.with_django_fix(exc)), returncode=2) from None
+        except ConfigError as exc:
             raise CommandError(str(exc), returncode=2) from None
         except psycopg.OperationalError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
