@@ -37,17 +37,23 @@ _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_
 _SERVER_FIXTURES = {"pg_dsn", "private_server", "make_server", "shared_server", "special"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``db`` every test that needs PostgreSQL or runs `worker` processes (which try to reach
     one), so that ``pytest -m "not db"`` runs the rest (SQL parsing, backoff, cron arithmetic,
     journal records, escaping, redaction, layout) in seconds. Tests that run processes without a
-    server fixture carry the mark themselves."""
+    server fixture carry the mark themselves. The ``deploy`` smoke tests (an image build and a
+    stack started, minutes each) run only when ``-m`` names them (``pytest -m deploy``);
+    otherwise they are skipped, saying so."""
+    asked = "deploy" in (config.getoption("markexpr", "") or "")
     for item in items:
         module = getattr(item, "module", None)
         name = module.__name__.rsplit(".", 1)[-1] if module else ""
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & _SERVER_FIXTURES or name in _SERVER_MODULES or _runs_worker(item):
             item.add_marker(pytest.mark.db)
+        if not asked and item.get_closest_marker("deploy"):
+            reason = "deploy smoke: run with `pytest -m deploy` (builds the image)"
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 _PROCESS_CALLS = ("run_cli(", "spawn_cli(", "worker_cli(", "EmbeddedPostgres(")

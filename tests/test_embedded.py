@@ -19,7 +19,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from worker.dev.embedded import EmbeddedError, EmbeddedPostgres, ensure_embedded, find_pg_bin
+from worker.dev.embedded import (
+    EmbeddedError,
+    EmbeddedPostgres,
+    EmbeddedUnavailable,
+    ensure_embedded,
+    find_pg_bin,
+)
 from worker.dev.embedded import install as pginstall
 
 Factory = Callable[..., EmbeddedPostgres]
@@ -238,8 +244,8 @@ def test_no_binaries_anywhere_is_one_line_error(
     with pytest.raises(EmbeddedError) as caught:
         EmbeddedPostgres(tmp_path / "pgdata").start()
     message = str(caught.value)
-    assert "\n" not in message
-    assert "pgserver" in message and "WORKER_DSN" in message
+    assert "\n" not in message and isinstance(caught.value, EmbeddedUnavailable)
+    assert "pip install 'worker-pg[embedded]'" in message and "WORKER_DSN" in message
 
 
 def test_pgserver_binaries_are_preferred(monkeypatch: pytest.MonkeyPatch) -> None:

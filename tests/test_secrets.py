@@ -10,6 +10,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,8 +27,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_metrics import free_port
 
 from worker.cli.text import SafeFormatter
-from worker.db import dsn as _config
-from worker.db.dsn import UNPARSEABLE, redact, remember_secret, scrub
+from worker.db.dsn import UNPARSEABLE, redact, scrub
 from worker.engine.supervisor import MAX_SECRET_BYTES, read_secret_pipe, secret_pipe
 
 PW = "S3cretPW"
@@ -49,14 +49,6 @@ MALFORMED = {
     "bad-percent-in-url": f"postgresql://bob:{PW}%zz@{CLOSED}:1/db",
     "word-as-port": f"postgresql://bob:{PW}@{CLOSED}:{PW}/db",
 }
-
-
-@pytest.fixture(autouse=True)
-def _forget_secrets():
-    saved = set(_config._SECRETS)
-    yield
-    _config._SECRETS.clear()
-    _config._SECRETS.update(saved)
 
 
 def _clean(r: subprocess.CompletedProcess[str]) -> None:
@@ -86,32 +78,226 @@ def test_redact_keeps_a_dsn_without_password() -> None:
     assert redact("host=h port=5 dbname=d") == "host=h port=5 dbname=d"
 
 
-def test_scrub_replaces_whole_words_only() -> None:
-    remember_secret("postgresql://u:bench@h/db")
-    line = "queues=worker_bench_1,benchmark bench (bench) x-bench"
-    assert scrub(line) == "queues=worker_bench_1,benchmark *** (***) x-***"
-
-
-def test_short_passwords_are_scrubbed_only_inside_dsns() -> None:
-    remember_secret("postgresql://u:ab@h/db")
-    text = "a cab and ab; postgresql://u:ab@h/db and password=ab"
-    assert scrub(text) == "a cab and ab; postgresql://u:***@h/db and password=***"
-
-
 def test_scrub_removes_dsns_it_was_never_told_about() -> None:
     text = f"see postgresql://x:{PW}@h/db, or host=h password={PW}, or ?password={PW}"
     assert PW not in scrub(text)
 
 
-def test_log_formatter_scrubs_messages_and_tracebacks() -> None:
-    remember_secret(PARSEABLE["keyvalue"])
+def test_log_formatter_scrubs_dsns_in_messages_and_tracebacks() -> None:
     formatter = SafeFormatter("%(message)s")
     try:
-        raise RuntimeError(f"boom {PW}")
+        raise RuntimeError(f"boom: cannot use {PARSEABLE['url']}")
     except RuntimeError:
-        record = logging.LogRecord("w", logging.ERROR, __file__, 1, "pw %s", (PW,), sys.exc_info())
+        record = logging.LogRecord(
+            "w", logging.ERROR, __file__, 1, "dsn %s", (PARSEABLE["keyvalue"],), sys.exc_info()
+        )
     text = formatter.format(record)
-    assert PW not in text and "pw ***" in text and "RuntimeError: boom ***" in text
+    assert PW not in text
+    assert f"dsn host={CLOSED} port=1 user=bob password=***" in text
+    assert f"RuntimeError: boom: cannot use postgresql://bob:***@{CLOSED}:1/db" in text
+
+
+# --- passwords that are also words: masked where a DSN carries them, nowhere else -------------
+#
+# The compose demo's password is `worker`, also its user, its database and the product's name.
+# Each case: a DSN, the password it carries, and what its redacted form must read.
+
+WORDY = {
+    "worker-everywhere": (
+        "postgresql://worker:worker@postgres:5432/worker",
+        "worker",
+        "postgresql://worker:***@postgres:5432/worker",
+    ),
+    "one-letter": ("postgresql://a:a@a:5432/a", "a", "postgresql://a:***@a:5432/a"),
+    "postgres": (
+        "postgresql://postgres:postgres@postgres/postgres?sslmode=disable",
+        "postgres",
+        "postgresql://postgres:***@postgres/postgres?sslmode=disable",
+    ),
+    "percent-encoded": (
+        "postgresql://worker:p%40ss%2Fw%3Ard@db:5432/worker",
+        "p@ss/w:rd",
+        "postgresql://worker:***@db:5432/worker",
+    ),
+    "query": (
+        "postgresql://worker@db/worker?password=worker&application_name=worker",
+        "worker",
+        "postgresql://worker@db/worker?password=***&application_name=worker",
+    ),
+    "encoded-query-key": (
+        "postgresql://worker@db/worker?pass%77ord=worker",
+        "worker",
+        "postgresql://worker@db/worker?pass%77ord=***",
+    ),
+    "keyvalue": (
+        "host=worker user=worker password=worker dbname=worker",
+        "worker",
+        "host=worker user=worker password=*** dbname=worker",
+    ),
+    "keyvalue-quotes-and-blanks": (
+        r"host=db user=worker password='it\'s \"a\" pass word' dbname=worker",
+        'it\'s "a" pass word',
+        "host=db user=worker password=*** dbname=worker",
+    ),
+    "sslpassword": (
+        "host=db user=worker sslpassword=worker sslmode=require",
+        "worker",
+        "host=db user=worker sslpassword=*** sslmode=require",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WORDY.values(), ids=WORDY.keys())
+def test_redact_shows_a_dsn_whose_password_is_a_word(case: tuple[str, str, str]) -> None:
+    """The redacted DSN is shown (never "cannot be parsed"), reads to libpq as the same DSN with
+    the password masked, and keeps user, host and database even when they equal the password."""
+    dsn, password, shown = case
+    assert conninfo_to_dict(dsn).get("password", conninfo_to_dict(dsn).get("sslpassword")) == (
+        password
+    )
+    assert redact(dsn) == shown
+    assert redact(shown) == shown  # masking twice changes nothing
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    seen = {k: v for k, v in conninfo_to_dict(shown).items() if v is not None}
+    assert seen == {k: ("***" if "password" in k else v) for k, v in params.items()}
+
+
+@pytest.mark.parametrize("case", WORDY.values(), ids=WORDY.keys())
+def test_scrub_masks_the_password_only_where_a_dsn_carries_it(case: tuple[str, str, str]) -> None:
+    dsn, password, shown = case
+    words = f"started {password} process 0; queue {password} ({password}), {password}s"
+    assert scrub(words) == words
+    assert scrub(f"cannot connect to {dsn}: refused") == f"cannot connect to {shown}: refused"
+    if "://" in dsn:
+        assert scrub(f'"{dsn}" {password}') == f'"{shown}" {password}'
+
+
+def test_log_lines_of_a_worker_whose_password_is_worker() -> None:
+    """Log records as `worker run` writes them (SafeFormatter), with the compose demo's DSN
+    remembered nowhere: only DSN and password fields are masked."""
+    formatter = SafeFormatter("%(levelname)s %(name)s %(message)s")
+    dsn = WORDY["worker-everywhere"][0]
+
+    def line(msg: str, *args: object) -> str:
+        return formatter.format(logging.LogRecord("worker", logging.INFO, "f", 1, msg, args, None))
+
+    assert line("started worker process %d (pid %d)", 0, 42) == (
+        "INFO worker started worker process 0 (pid 42)"
+    )
+    assert line("worker %s started: queues=%s", "3f2a9c1b", "worker,default") == (
+        "INFO worker worker 3f2a9c1b started: queues=worker,default"
+    )
+    assert line("database unavailable (%s); waiting 1.0s", f"{dsn} refused") == (
+        "INFO worker database unavailable (postgresql://worker:***@postgres:5432/worker "
+        "refused); waiting 1.0s"
+    )
+    assert line("conninfo %s", make_conninfo("", **conninfo_to_dict(dsn))) == (
+        "INFO worker conninfo user=worker password=*** dbname=worker host=postgres port=5432"
+    )
+    assert line("env PGPASSWORD=worker POSTGRES_PASSWORD='worker' WORKER_USER=worker") == (
+        "INFO worker env PGPASSWORD=*** POSTGRES_PASSWORD=*** WORKER_USER=worker"
+    )
+    assert line("%s", {"user": "worker", "password": "worker"}) == (
+        "INFO worker {'user': 'worker', 'password': '***'}"
+    )
+
+
+# The texts psycopg and libpq give for a DSN carrying the password `worker` (captured from
+# psycopg 3.3 with libpq 18), and what scrub leaves of them.
+DRIVER_TEXTS = {
+    # Refused, unknown host, bad password: the server's words, with the user name kept.
+    'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused': (
+        'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused'
+    ),
+    "failed to resolve host 'worker': [Errno -2] Name or service not known": (
+        "failed to resolve host 'worker': [Errno -2] Name or service not known"
+    ),
+    'FATAL:  password authentication failed for user "worker"': (
+        'FATAL:  password authentication failed for user "worker"'
+    ),
+    # Parse errors quote a fragment of the DSN, which may be the password: masked whole.
+    'invalid percent-encoded token: "worker%zz"': 'invalid percent-encoded token: "***"',
+    'unexpected spaces found in "wor ker", use percent-encoded spaces (%20) instead': (
+        'unexpected spaces found in "***", use percent-encoded spaces (%20) instead'
+    ),
+    'missing "=" after "worker" in connection info string': (
+        'missing "=" after "***" in connection info string'
+    ),
+    'missing key/value separator "=" in URI query parameter: "worker"': (
+        'missing key/value separator "=" in URI query parameter: "***"'
+    ),
+    'end of string reached when looking for matching "]" in IPv6 host address in URI: '
+    '"postgresql://worker:worker@[::1/worker"': (
+        'end of string reached when looking for matching "]" in IPv6 host address in URI: "***"'
+    ),
+    'invalid dsn: invalid connection option "worker"': (
+        'invalid dsn: invalid connection option "worker"'
+    ),
+}
+
+
+@pytest.mark.parametrize("text", DRIVER_TEXTS, ids=range(len(DRIVER_TEXTS)))
+def test_driver_texts_lose_dsn_fragments_and_keep_names(text: str) -> None:
+    assert scrub(text) == DRIVER_TEXTS[text]
+
+
+def test_the_driver_texts_are_the_drivers() -> None:
+    """The parse errors above are what psycopg says today (a change of wording would make the
+    masking miss them)."""
+    for dsn in (
+        "postgresql://worker:worker%zz@h/worker",
+        "postgresql://worker:wor ker@h/worker",
+        "host=h worker",
+        "postgresql://worker@h/worker?worker",
+        "postgresql://worker:worker@[::1/worker",
+    ):
+        with pytest.raises(psycopg.ProgrammingError) as err:
+            conninfo_to_dict(dsn)
+        text = str(err.value).strip()
+        assert any(text in known for known in DRIVER_TEXTS), text
+        assert "worker" not in scrub(text).partition('"')[2].replace("URI query", ""), text
+
+
+@pytest.mark.parametrize("case", WORDY.values(), ids=WORDY.keys())
+def test_a_refused_connection_shows_the_redacted_dsn(case: tuple[str, str, str]) -> None:
+    """`worker status` against a closed port, the DSN by flag and by environment, as text and
+    with --json: one line that names the redacted DSN, and the password nowhere in it."""
+    dsn = case[0]
+    params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    params.update(host=CLOSED, port="1")
+    closed = (
+        make_conninfo(**params)
+        if "://" not in dsn
+        else dsn.replace("@postgres:5432", f"@{CLOSED}:1")
+        .replace("@postgres/", f"@{CLOSED}:1/")
+        .replace("@db:5432", f"@{CLOSED}:1")
+        .replace("@db/", f"@{CLOSED}:1/")
+        .replace("@a:5432", f"@{CLOSED}:1")
+    )
+    assert conninfo_to_dict(closed)["port"] == "1", closed
+    shown = redact(closed)
+    assert shown != UNPARSEABLE and "***" in shown
+    for args, env in (
+        (["status", "--dsn", closed], {}),
+        (["status", "--json"], {"WORKER_DSN": closed}),
+        (["migrate", "--json"], {"WORKER_DSN": closed}),
+    ):
+        r = run_cli(*args, env=env, timeout=30)
+        assert r.returncode == 4, r.stderr  # the database cannot be reached
+        assert r.stderr.count("\n") == 1, r.stderr
+        assert UNPARSEABLE not in r.stderr + r.stdout
+        # Word for word: the redacted DSN, and around it nothing masked.
+        message = (
+            "cannot connect to the database at <DSN>: connection failed: "
+            f'connection to server at "{CLOSED}", port 1 failed: Connection refused '
+            "(check --dsn, WORKER_DSN or DATABASE_URL)"
+        )
+        assert r.stderr.replace(shown, "<DSN>") == f"worker: error: {message}\n", r.stderr
+        if "--json" in args:  # the same message in the JSON error object
+            error = json.loads(r.stdout)["error"]
+            assert error["message"].replace(shown, "<DSN>") == message, r.stdout
+        else:
+            assert not r.stdout
 
 
 # --- real commands ------------------------------------------------------------------------
@@ -244,6 +430,75 @@ def test_a_worker_pool_shows_no_password_in_logs_or_command_lines(
     assert "started worker process" in text  # the logs were on
     assert PW not in text, text
     assert "Traceback" not in text
+
+
+# A mask that stands where a DSN or a password field carries the password.
+_MASKED_FIELD = re.compile(r"://[^\s:@/]*:\*\*\*@|\b\w*password=\*\*\*", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("password", ["worker", "postgres"])
+def test_a_worker_whose_password_is_a_word_logs_its_words(
+    pg_dsn: str, schema: str, password: str, tmp_path: Path
+) -> None:
+    """The compose demo's case run for real: `worker run --processes 2` with a DSN whose
+    password is `worker` (the product's name, in most of its log lines) or `postgres` (the user
+    and database of the test server). Its logs, its status page, `migrate --json`, `enqueue` and
+    `status --json` keep every word, and no `***` stands outside a DSN or password field; the
+    page shows the redacted DSN; the start-up line names the address it binds."""
+    params = {k: v for k, v in conninfo_to_dict(pg_dsn).items() if v is not None}
+    params.pop("password", None)
+    host, port = params.get("host", "127.0.0.1"), params.get("port", "5432")
+    user, db = params.get("user", "postgres"), params.get("dbname", "postgres")
+    dsn = f"postgresql://{user}:{password}@{host}:{port}/{db}"
+    shown = f"postgresql://{user}:***@{host}:{port}/{db}"
+    assert redact(dsn) == shown
+    env = {"WORKER_DSN": dsn}
+    outputs = []
+    r = run_cli("migrate", "--schema", schema, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    outputs.append(r.stdout + r.stderr)
+    r = run_cli("enqueue", password, "--queue", password, "--schema", schema, env=env)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("status", "--schema", schema, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    outputs.append(r.stdout + r.stderr)
+    assert {q["queue"] for q in json.loads(r.stdout)["queues"]} >= {password}
+
+    metrics = free_port()
+    log_path = tmp_path / "log"
+    with log_path.open("w") as fh:
+        proc = spawn_cli(
+            *("run", "tasks_module", "--schema", schema, "--processes", "2", "--grace", "5"),
+            *("--queues", f"default,{password}", "--log-level", "DEBUG"),
+            *("--metrics-host", "0.0.0.0", "--metrics-port", str(metrics)),
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            from test_metrics import fetch
+
+            _, page = wait_until(
+                lambda: (got := fetch(f"http://127.0.0.1:{metrics}/"))[0] == 200 and got,
+                timeout=60,
+            )
+            outputs.append(page)
+            assert shown in page and UNPARSEABLE not in page
+            started = re.compile(r"worker [0-9a-f]{8} started: queues=")
+            wait_until(lambda: len(started.findall(log_path.read_text())) == 2, timeout=60)
+        finally:
+            _stop(proc)
+    text = log_path.read_text()
+    outputs.append(text)
+    assert proc.returncode == 0, text
+    assert "started worker process 0" in text and "started worker process 1" in text
+    assert re.search(r"worker [0-9a-f]{8} started: queues=", text), text
+    assert f"on 0.0.0.0:{metrics}, every IPv4 address of this machine " in text, text
+    assert f"http://127.0.0.1:{metrics}/ from it" in text
+    for out in outputs:
+        rest = _MASKED_FIELD.sub("", out)
+        assert "***" not in rest, [x for x in out.splitlines() if "***" in x]
+        assert f":{password}@" not in out
 
 
 def test_children_get_the_dsn_by_environment_only(pg_dsn: str, schema: str) -> None:

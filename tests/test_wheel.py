@@ -58,6 +58,15 @@ def test_the_wheel_has_its_name_and_its_data(wheel: Path) -> None:
     for sql in (ROOT / "worker").rglob("*.sql"):
         assert str(sql.relative_to(ROOT)) in names, sql
     assert not [n for n in names if n.startswith("tests/")]
+    # The embedded server's 34 MB of PostgreSQL binaries come only with the `embedded` extra.
+    (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
+        if line.startswith("Requires-Dist: pgserver")
+    ]
+    assert requires and all("extra == 'embedded'" in r or "extra == 'test'" in r for r in requires)
+    assert any("extra == 'embedded'" in r for r in requires), requires
 
 
 def test_a_fresh_venv_with_the_wheel_runs_the_first_worker(
@@ -72,6 +81,10 @@ def test_a_fresh_venv_with_the_wheel_runs_the_first_worker(
     # The import comes from the venv, not from this tree.
     r = _run(bin_ / "python", "-c", "import worker; print(worker.__file__)", cwd=tmp_path)
     assert r.stdout.startswith(str(venv)), r.stdout
+    # A production install: no embedded server's binaries.
+    r = _run(bin_ / "python", "-c", "import importlib.util as u; print(u.find_spec('pgserver'))",
+             cwd=tmp_path)  # fmt: skip
+    assert r.stdout == "None\n", r.stdout
 
     (tmp_path / "tasks.py").write_text(TASKS)
     schema = f"wheel_{uuid.uuid4().hex[:8]}"

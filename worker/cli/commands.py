@@ -14,7 +14,7 @@ from ..coord import pause as _pause
 from ..db.dsn import dsn_source_from_env, redact
 from ..db.migrate import migrate
 from ..dev import bench, demo
-from ..dev.embedded import EmbeddedPostgres, default_data_dir
+from ..dev.embedded import EmbeddedError, EmbeddedPostgres, default_data_dir
 from ..dev.embedded.attached import attached_workers
 from ..errors import SchemaMissing
 from ..ops import actions as _actions
@@ -317,6 +317,16 @@ def cmd_dsn(args: argparse.Namespace) -> int:
 
 
 def cmd_embedded(args: argparse.Namespace) -> int:
+    """start, stop or status. A failure is one line and exit 2, as for the embedded server that
+    a command without a DSN cannot start: there is no PostgreSQL to run (the ``embedded`` extra
+    is not installed), or the server would not start or stop (the cause from its log)."""
+    try:
+        return _embedded(args)
+    except EmbeddedError as exc:
+        raise CliError(str(exc), exits.USAGE) from None
+
+
+def _embedded(args: argparse.Namespace) -> int:
     data_dir = default_data_dir()
     server = EmbeddedPostgres(data_dir)
     if args.action == "stop":

@@ -20,11 +20,16 @@ from typing import Any, NoReturn
 import psycopg
 
 from ..db import connect as factory
-from ..db.dsn import dsn_source_from_env, parse_dsn, redact, remember_secret, scrub
+from ..db.dsn import dsn_source_from_env, parse_dsn, redact, scrub
 from ..db.migrate import require_schema
 from ..db.outage import unreachable
 from ..db.sql import validate_schema_name
-from ..dev.embedded import EmbeddedError, EmbeddedPostgres, default_data_dir
+from ..dev.embedded import (
+    EmbeddedError,
+    EmbeddedPostgres,
+    EmbeddedUnavailable,
+    default_data_dir,
+)
 from ..engine.supervisor import (
     CONSOLE_TOKEN_ENV,
     CONSOLE_TOKEN_FD_ENV,
@@ -262,10 +267,9 @@ def table(head: list[str], rows: list[list[Any]]) -> None:
 
 
 def checked_dsn(dsn: str, source: str) -> str:
-    """A DSN that parses (else one line naming ``source``, never the DSN), its password noted
-    so that no log line or message shows it."""
+    """A DSN that parses (else one line naming ``source``, never the DSN): the driver's own parse
+    errors would quote it, password included."""
     parse_dsn(dsn, source)
-    remember_secret(dsn)
     return dsn
 
 
@@ -289,9 +293,12 @@ def resolve_dsn(explicit: str | None, *, quiet: bool = False, start: bool = True
                 exits.UNREACHABLE,
             )
         dsn = server.start()
+    except EmbeddedUnavailable as exc:
+        raise CliError(
+            f"no DSN given (--dsn, WORKER_DSN or DATABASE_URL), and {exc}", exits.USAGE
+        ) from None
     except EmbeddedError as exc:
         raise ConfigError(str(exc)) from None
-    remember_secret(dsn)
     if not quiet:
         done = {"created": "created it now", "started": "started it now"}.get(
             server.last_start or "", "already running"

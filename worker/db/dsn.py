@@ -1,7 +1,11 @@
 """Where the database is, and how to talk about it without leaking its password.
 
 ``redact`` is the one place that turns a DSN into text fit for a message, a log line or a page;
-``scrub`` cleans free text (driver errors, log lines) of DSNs and remembered passwords. A DSN
+``scrub`` cleans free text (driver errors, log lines, JSON strings) of the passwords that a DSN
+or a connection parameter carries in it. Both work on structure, never on the password's value:
+a password is masked where it stands as one (a URL's userinfo, a ``password=`` value, the
+fragment of a DSN that libpq quotes back in a parse error), and a word elsewhere that happens to
+equal it (password ``worker`` for user ``worker`` of database ``worker``) is left alone. A DSN
 that cannot be parsed is never shown at all: nobody can tell which part of it is the password.
 """
 
@@ -10,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..errors import ConfigError
 
@@ -20,17 +24,42 @@ log = logging.getLogger("worker")
 
 DSN_ENV = ("WORKER_DSN", "DATABASE_URL")
 UNPARSEABLE = "(a DSN that cannot be parsed, not shown)"
-# Shorter passwords are scrubbed only where they stand in a DSN, never from other words.
-MIN_FREE_SECRET = 4
-_SECRETS: set[str] = set()
+MASK = "***"
+_SECRET_KEYS = ("password", "sslpassword")
 
 _URL_PREFIX = re.compile(r"postgres(?:ql)?://", re.IGNORECASE)
-# A URL in free text runs to the next blank or quote; key=value passwords, quoted or not.
-_URL_IN_TEXT = r"postgres(?:ql)?://[^\s'\"<>]*[^\s'\"<>.,;:)\]]"
-_KV_PASSWORD = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
-_DSN_IN_TEXT = re.compile(f"({_URL_IN_TEXT})|{_KV_PASSWORD.pattern}", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"((?:^|[?&])(?:ssl)?password=)[^&#]*", re.IGNORECASE)
-_SECRET_KEYS = ("password", "sslpassword")
+# A PostgreSQL URL in free text: its userinfo (which may hold quotes) up to an "@", then the rest
+# up to the next blank or quote, without trailing punctuation.
+_PG_URL = r"postgres(?:ql)?://(?:[^\s@/]*@)?[^\s'\"<>]*[^\s'\"<>.,;:)\]]"
+# Any other URL's userinfo password: scheme://user:PASSWORD@.
+_USERINFO = r"\b[a-z][a-z0-9+.-]*://[^\s:/@'\"]*:[^\s@/'\"]*@"
+# A value as libpq reads it: quoted ('...' or "..." with backslash escapes, possibly cut short)
+# or bare up to the next blank. An already masked value keeps the punctuation after it.
+_VALUE = r"""'(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|\*\*\*(?=[\s:;,.)\]"']|$)|\S+"""
+# password=, sslpassword=, and environment-style names ending in it (PGPASSWORD=,
+# POSTGRES_PASSWORD=); password_hash= or "password authentication failed" are not keys.
+_KV = rf"(?P<key>\b\w*password[ \t]*=[ \t]*)(?P<value>{_VALUE})"
+# "password": "..." and 'password': '...' (JSON, Python reprs of connection parameters).
+_QUOTED_KEY = (
+    r"(?P<qkey>(?P<q>[\"'])\w*password(?P=q)[ \t]*[:=][ \t]*)"
+    r"(?P<qvalue>\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?)"
+)
+_IN_TEXT = re.compile(
+    rf"(?P<url>{_PG_URL})|(?P<userinfo>{_USERINFO})|{_QUOTED_KEY}|{_KV}", re.IGNORECASE
+)
+_KV_PASSWORD = re.compile(_KV, re.IGNORECASE)
+# libpq's parse errors quote a fragment of the DSN they could not read, which may be any part
+# of it, the password included: the fragment is masked whole.
+_ECHO = re.compile(
+    r"""(?P<lead>(?:missing\ "="\ after
+                  |percent-encoded\ (?:token|value):
+                  |unexpected\ spaces\ found\ in
+                  |in\ URI(?:\ \(expected\ ":"\ or\ "/"\))?:
+                  |internal\ parser\ routine:
+                  |URI\ query\ parameter:
+                 )\ ")[^"]*(?=")""",
+    re.VERBOSE,
+)
 
 
 def parse_dsn(dsn: str, source: str = "--dsn") -> dict[str, str]:
@@ -57,79 +86,81 @@ def parse_dsn(dsn: str, source: str = "--dsn") -> dict[str, str]:
     return params
 
 
-def _secrets_of(dsn: str) -> set[str]:
-    """The passwords in a DSN, as given and as libpq decodes them."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception:
-        return set()
-    found = {str(params[k]) for k in _SECRET_KEYS if params.get(k)}
-    if _URL_PREFIX.match(dsn.lstrip()):
-        netloc = urlsplit(dsn.strip()).netloc
-        if "@" in netloc and ":" in netloc.rpartition("@")[0]:
-            found.add(netloc.rpartition("@")[0].partition(":")[2])  # percent-encoded, as typed
-        found.update(m.group(0).partition("=")[2] for m in _QUERY_PASSWORD.finditer(dsn))
-    return {s for s in found if s and s != "***"}
-
-
-def remember_secret(dsn: str | None) -> None:
-    """Note a DSN's password so that ``scrub`` (and so every log line) can remove it."""
-    if dsn:
-        _SECRETS.update(_secrets_of(dsn))
-
-
 def _redact_url(dsn: str) -> str:
     scheme, sep, rest = dsn.partition("://")
-    authority, slash, tail = rest.partition("/")
-    if "?" in authority and not slash:  # postgresql://host?password=...
-        authority, _, query = authority.partition("?")
-        tail, slash = "?" + query, ""
-    if "@" in authority:
-        userinfo, _, hostport = authority.rpartition("@")
-        if ":" in userinfo:
-            userinfo = userinfo.partition(":")[0] + ":***"
-        authority = f"{userinfo}@{hostport}"
-    path, q, query = tail.partition("?")
+    # libpq reads the userinfo up to the first "@" before any "/" (a "?" or "#" may be in it).
+    head = re.match(r"[^@/]*@", rest)
+    userinfo = head[0][:-1] if head else None
+    rest = rest[len(head[0]) :] if head else rest
+    if userinfo is not None and userinfo.partition(":")[2]:
+        userinfo = userinfo.partition(":")[0] + ":" + MASK
+    hostpart, q, query = rest.partition("?")
     if q:
-        query = _QUERY_PASSWORD.sub(r"\1***", query)
-    return f"{scheme}{sep}{authority}{slash}{path}{q}{query}"
+        query = "&".join(_redact_query_item(item) for item in query.split("&"))
+    at = "" if userinfo is None else f"{userinfo}@"
+    return f"{scheme}{sep}{at}{hostpart}{q}{query}"
+
+
+def _redact_query_item(item: str) -> str:
+    key, eq, value = item.partition("=")
+    if eq and value and unquote(key) in _SECRET_KEYS:  # libpq decodes keys too: pass%77ord
+        return f"{key}={MASK}"
+    return item
+
+
+def _masked(params: dict[str, str]) -> dict[str, str]:
+    return {k: (MASK if k in _SECRET_KEYS and v else v) for k, v in params.items()}
+
+
+def _faithful(shown: str, params: dict[str, str]) -> bool:
+    """Whether ``shown`` reads, to libpq, as the DSN it was made from with every password
+    masked: no password left, nothing else changed."""
+    try:
+        seen = {k: str(v) for k, v in conninfo_to_dict(shown).items() if v is not None}
+    except Exception:
+        return False
+    return seen == _masked(params)
 
 
 def redact(dsn: str) -> str:
-    """The DSN with its password replaced by ``***``, for messages and pages; a DSN that cannot
-    be parsed gives ``UNPARSEABLE`` instead, whole."""
+    """The DSN with its passwords (``password``, ``sslpassword``, a URL's userinfo) replaced by
+    ``***``, for messages and pages; a DSN that cannot be parsed gives ``UNPARSEABLE`` instead,
+    whole. Everything else is shown as given, including a user or database name that happens to
+    equal the password. The result is checked by parsing it: should the form typed defeat the
+    masking (a percent-encoded ``password`` key, say), the DSN is shown rebuilt as key=value
+    parameters from what libpq read."""
     try:
-        parse_dsn(dsn)
+        params = parse_dsn(dsn)
     except ConfigError:
         return UNPARSEABLE
     if _URL_PREFIX.match(dsn.lstrip()):
         shown = _redact_url(dsn.strip())
     else:
-        shown = _KV_PASSWORD.sub(r"\1***", dsn)
-    # Belt and braces: whatever the forms above missed, a password never reaches the text.
-    for secret in _secrets_of(dsn):
-        if len(secret) >= MIN_FREE_SECRET and secret in shown:
-            return UNPARSEABLE
-    return shown
+        shown = _KV_PASSWORD.sub(rf"\g<key>{MASK}", dsn)
+    if _faithful(shown, params):
+        return shown
+    return make_conninfo("", **_masked(params))
 
 
-def _whole(secret: str) -> re.Pattern[str]:
-    """The secret where it stands alone: not preceded or followed by a word character when it
-    starts or ends with one, so password ``bench`` leaves ``worker_bench_1`` alone."""
-    head = r"(?<!\w)" if re.match(r"\w", secret[0]) else ""
-    tail = r"(?!\w)" if re.match(r"\w", secret[-1]) else ""
-    return re.compile(head + re.escape(secret) + tail)
+def _scrub_match(m: re.Match[str]) -> str:
+    if m["url"]:
+        return redact(m["url"])
+    if m["userinfo"]:
+        return m["userinfo"].rpartition(":")[0] + f":{MASK}@"
+    if m["qkey"]:
+        quote = m["qvalue"][:1]
+        return f"{m['qkey']}{quote}{MASK}{quote}"
+    return m["key"] + MASK
 
 
 def scrub(text: str) -> str:
-    """Free text without passwords: every DSN in it redacted (a malformed one removed whole),
-    every ``password=`` value masked, and each remembered password of 4 or more characters
-    replaced where it stands as a whole word."""
-    text = _DSN_IN_TEXT.sub(lambda m: redact(m[1]) if m[1] else m[2] + "***", text)
-    for secret in sorted(_SECRETS, key=len, reverse=True):
-        if len(secret) >= MIN_FREE_SECRET:
-            text = _whole(secret).sub("***", text)
-    return text
+    """Free text without the passwords that DSNs and connection parameters carry in it: every
+    PostgreSQL URL redacted (a malformed one removed whole), another URL's userinfo password,
+    every ``password=`` value (``sslpassword=``, ``PGPASSWORD=`` too) and ``"password": "..."``
+    masked, and the DSN fragments libpq quotes in its parse errors masked. Nothing else: a word
+    that equals a password but stands outside these places is kept."""
+    text = _ECHO.sub(rf"\g<lead>{MASK}", text)
+    return _IN_TEXT.sub(_scrub_match, text)
 
 
 def dsn_from_env() -> str | None:

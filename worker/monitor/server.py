@@ -86,7 +86,7 @@ class WebServer:
         log.info(
             "serving /metrics, /healthz, /readyz, the status page and the console (%s) on %s",
             "actions on" if console.auth.enabled else "read-only",
-            self.url,
+            self.where,
         )
         log.info(
             "the status page and the console answer requests for Host %s only (more with "
@@ -96,10 +96,28 @@ class WebServer:
 
     @property
     def url(self) -> str:
+        """An address to open from this machine: the bound one, or 127.0.0.1 when the server
+        listens on every address."""
         host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}/"
+
+    @property
+    def bound(self) -> str:
+        """The address the socket is bound to, as the kernel reports it (``0.0.0.0:9470``)."""
+        host = str(self.httpd.server_address[0])
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    @property
+    def where(self) -> str:
+        """The start-up line's account of the address: what is bound, and where a wildcard
+        address is reachable from (every interface, so not only this machine)."""
+        host = str(self.httpd.server_address[0])
+        if host in ("0.0.0.0", "::"):
+            which = "IPv4 address" if host == "0.0.0.0" else "address"
+            return f"{self.bound}, every {which} of this machine ({self.url} from it)"
+        return f"{self.bound} ({self.url})"
 
     def stop(self) -> None:
         self.httpd.shutdown()

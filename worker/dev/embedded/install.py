@@ -1,9 +1,9 @@
 """Where the embedded server's PostgreSQL comes from and whom it runs as.
 
-Finds ``initdb``/``pg_ctl``/``postgres`` (the ``pgserver`` wheel first, then ``WORKER_PG_BIN``, the
-usual system folders and ``PATH``), hands the data folder to an unprivileged system user when we
-run as root (PostgreSQL refuses root), and picks free local ports. ``embedded`` drives the server
-with what this module finds.
+Finds ``initdb``/``pg_ctl``/``postgres`` (``WORKER_PG_BIN`` first, then the ``pgserver`` wheel
+that the ``embedded`` extra installs, then ``PATH`` and the usual system folders), hands the data
+folder to an unprivileged system user when we run as root (PostgreSQL refuses root), and picks
+free local ports. ``embedded`` drives the server with what this module finds.
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ class EmbeddedError(RuntimeError):
         super().__init__(" ".join(message.split()))
         self.detail = detail
         self.log_path = log_path
+
+
+EXTRA = "worker-pg[embedded]"
+
+
+class EmbeddedUnavailable(EmbeddedError):
+    """No PostgreSQL binaries at all: the ``embedded`` extra (the ``pgserver`` wheel) is not
+    installed and the machine has no PostgreSQL of its own. The CLI exits 2 on it, as on other
+    configuration errors."""
 
 
 # --------------------------------------------------------------------------- binaries
@@ -110,9 +119,9 @@ def _find_install() -> _Install:
         if _has_tools(Path(candidate)):
             return _Install(Path(candidate))
 
-    raise EmbeddedError(
-        "no PostgreSQL binaries found for the embedded server: `pip install pgserver` "
-        "(or set WORKER_PG_BIN to a PostgreSQL bin folder), or set WORKER_DSN to use a server"
+    raise EmbeddedUnavailable(
+        f"the embedded PostgreSQL is not installed: pip install '{EXTRA}' (or set WORKER_PG_BIN "
+        "to a PostgreSQL bin folder), or set WORKER_DSN to use a server of yours"
     )
 
 

@@ -1,7 +1,9 @@
 """A private PostgreSQL server for when the user gives no DSN (the CLI and the test suite).
 
-The point is zero setup: installing the package brings the ``pgserver`` wheel, whose PostgreSQL
-binaries we drive directly with ``initdb``/``pg_ctl``. We do not import ``pgserver`` itself:
+The point is zero setup: the ``embedded`` extra (``pip install 'worker-pg[embedded]'``) brings the
+``pgserver`` wheel, whose PostgreSQL binaries we drive directly with ``initdb``/``pg_ctl`` (without
+it, a PostgreSQL installed on the machine; production installs and the image need neither, they
+are given a DSN). We do not import ``pgserver`` itself:
 importing it creates runtime directories and registers atexit hooks that stop servers we want
 to outlive the process.
 
