@@ -635,7 +635,9 @@ def test_the_embedded_server_is_an_extra_that_the_image_leaves_out() -> None:
     assert not [d for d in project["dependencies"] if d.startswith("pgserver")]
     extras = project["optional-dependencies"]
     assert [d.split(";")[0] for d in extras["embedded"]] == ["pgserver>=0.1.4"]
-    assert extras["embedded"][0] in extras["test"]  # the suite starts embedded servers
+    # The suite starts embedded servers: the test extra has the same requirement, on the
+    # Pythons the wheel is built for (none yet for 3.13, where those tests are not run).
+    assert "pgserver>=0.1.4" in [d.split(";")[0] for d in extras["test"]]
     # The README's first command installs it; the image's install does not.
     readme = (ROOT / "README.md").read_text()
     assert (

@@ -1,7 +1,7 @@
 """The package on the other Pythons it supports, each in a venv of its own made here: on Python
 3.12, the Django tests against Django 6's built-in ``django.tasks`` (this suite's own venv, on
-3.11, has Django 5.2 and the django-tasks backport). A Python that is not on this machine is
-skipped, saying which."""
+3.11, has Django 5.2 and the django-tasks backport); on Python 3.13, every test that needs no
+database. A Python that is not on this machine is skipped, saying which."""
 
 from __future__ import annotations
 
@@ -86,3 +86,12 @@ def test_django_6_built_in_tasks_on_python_3_12(pg_dsn: str, tmp_path: Path) -> 
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], r.stdout[-500:]
+
+
+def test_the_tests_without_a_database_on_python_3_13(pg_dsn: str, tmp_path: Path) -> None:
+    """The package imports and its tests that need neither PostgreSQL nor worker processes pass
+    on Python 3.13 (the embedded server's wheel has no build for it: those tests are `db`)."""
+    python = _venv(_which("3.13"), tmp_path / "venv", f"{ROOT}[test]")
+    r = _pytest(python, "-m", "not db", env=_env(pg_dsn, tmp_path))
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout.splitlines()[-1], r.stdout[-500:]
