@@ -3,8 +3,8 @@
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: soak_last_id
--- The id of the last task this session enqueued (the producer is the only one): the minutes are
--- id ranges, so a minute's tasks are read by primary key whatever the table holds.
+-- The id of the last task the producer's connection enqueued (it is the only producer): the
+-- minutes are id ranges, so a minute's tasks are read by primary key whatever the table holds.
 SELECT currval(pg_get_serial_sequence(format('%%I.tasks', %(schema)s::text), 'id'));
 
 -- name: soak_latency
