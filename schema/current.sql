@@ -554,6 +554,8 @@ $$;
 CREATE FUNCTION worker.claim_limited_rows(q text, want integer, lookahead double precision DEFAULT 0.5, OUT ids bigint[], OUT start_at timestamp with time zone[], OUT wait_seconds double precision, OUT held boolean) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 #variable_conflict use_variable
 DECLARE
@@ -562,6 +564,11 @@ DECLARE
     t0       timestamptz := clock_timestamp();
     room     integer := want;
     permits  integer[] := '{}';
+    used     integer[];
+    take     integer;
+    fit      integer;
+    m        timestamptz;
+    atts     integer[] := '{}';
     keyed    boolean;
     gap      interval;
     key_gap  interval;
@@ -584,24 +591,17 @@ BEGIN
     horizon := t0 + make_interval(secs => lookahead);
 
     IF lim.concurrency IS NOT NULL THEN
+        -- Free permits, lowest slots first: never held, or held by an attempt that no longer
+        -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
         permits := ARRAY(
             SELECT p.slot FROM "worker".limit_permits AS p
-             WHERE p.queue = q AND p.limit_key = '' AND p.task_id IS NULL
-               AND p.slot <= lim.concurrency
-             ORDER BY p.slot LIMIT room
-               FOR UPDATE SKIP LOCKED);
-        IF cardinality(permits) < room THEN
-            permits := permits || ARRAY(
-                SELECT p.slot FROM "worker".limit_permits AS p
-                 WHERE p.queue = q AND p.limit_key = '' AND p.task_id IS NOT NULL
-                   AND p.slot <= lim.concurrency
-                   AND NOT EXISTS (
+             WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
+               AND (p.task_id IS NULL OR NOT EXISTS (
                        SELECT 1 FROM "worker".tasks AS t
                         WHERE t.id = p.task_id AND t.attempts = p.attempt
-                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
-                 ORDER BY p.slot LIMIT room - cardinality(permits)
-                   FOR UPDATE SKIP LOCKED);
-        END IF;
+                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
+             ORDER BY p.slot LIMIT room
+               FOR UPDATE SKIP LOCKED);
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
         room := least(cardinality(permits), lim.concurrency - (
@@ -631,26 +631,35 @@ BEGIN
     END IF;
 
     IF room > 0 AND NOT keyed THEN
-        -- The queue's first rows in claim order, as many as there is room for.
-        FOR cand IN
-            SELECT t.id FROM "worker".tasks AS t
-             WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
-             ORDER BY (-t.priority), t.run_at, t.id
-             LIMIT room
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            s := NULL;
-            IF lim.rate IS NOT NULL THEN
-                s := greatest(t0, tat - (coalesce(lim.burst, 1) - 1) * gap);
-                IF s > horizon THEN
-                    wait_seconds := greatest(extract(epoch FROM s - horizon), 0.001);
-                    EXIT;
-                END IF;
-                tat := greatest(tat, s) + gap;
+        take := room;
+        IF lim.rate IS NOT NULL THEN
+            -- The pace in closed form: after `tat`, the i-th start of this claim (from 1) is due
+            -- at greatest(t0, m + (i - burst) * gap) with m = greatest(tat, t0), which is what
+            -- spacing the starts one by one gives; those due within the horizon are taken.
+            m := greatest(tat, t0);
+            fit := coalesce(lim.burst, 1)
+                   + floor(extract(epoch FROM horizon - m) / extract(epoch FROM gap))::integer;
+            take := least(room, greatest(fit, 0));
+            IF take < room THEN
+                wait_seconds := greatest(extract(epoch FROM
+                    greatest(t0, m + (take + 1 - coalesce(lim.burst, 1)) * gap) - horizon), 0.001);
             END IF;
-            ids := ids || cand.id;
-            start_at := start_at || s;
-        END LOOP;
+        END IF;
+        -- The queue's first rows in claim order, as many as the limits allow.
+        IF take > 0 THEN
+            SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(c.attempts + 1), '{}')
+              INTO ids, atts
+              FROM (SELECT t.id, t.attempts FROM "worker".tasks AS t
+                     WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
+                     ORDER BY (-t.priority), t.run_at, t.id
+                     LIMIT take
+                       FOR UPDATE SKIP LOCKED) AS c;
+        END IF;
+        IF lim.rate IS NOT NULL AND cardinality(ids) > 0 THEN
+            start_at := ARRAY(SELECT greatest(t0, m + (i - coalesce(lim.burst, 1)) * gap)
+                                FROM generate_series(1, cardinality(ids)) AS i ORDER BY i);
+            tat := m + cardinality(ids) * gap;
+        END IF;
     ELSIF room > 0 THEN
         -- Per key: the first rows of each key (one probe of tasks_limit_key_idx per key with
         -- queued rows, found by a skip scan), merged in claim order with the rows without a
@@ -669,10 +678,11 @@ BEGIN
                          ORDER BY t.limit_key LIMIT 1)
                   FROM keys WHERE keys.k IS NOT NULL
             ), candidates AS (
-                SELECT f.id, f.k, f.neg_priority, f.run_at
+                SELECT f.id, f.attempts, f.k, f.neg_priority, f.run_at
                   FROM keys
                  CROSS JOIN LATERAL (
-                    SELECT t.id, t.limit_key AS k, -t.priority AS neg_priority, t.run_at
+                    SELECT t.id, t.attempts, t.limit_key AS k, -t.priority AS neg_priority,
+                           t.run_at
                       FROM "worker".tasks AS t
                      WHERE t.queue = q AND t.state = 'queued' AND t.limit_key = keys.k
                        AND t.run_at <= t0
@@ -680,22 +690,26 @@ BEGIN
                      LIMIT room) AS f
                  WHERE keys.k IS NOT NULL
                 UNION ALL
-                SELECT u.id, NULL, u.neg_priority, u.run_at FROM (
-                    SELECT t.id, -t.priority AS neg_priority, t.run_at, t.limit_key
+                SELECT u.id, u.attempts, NULL, u.neg_priority, u.run_at FROM (
+                    SELECT t.id, t.attempts, -t.priority AS neg_priority, t.run_at, t.limit_key
                       FROM "worker".tasks AS t
                      WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
                      ORDER BY (-t.priority), t.run_at, t.id
                      LIMIT 256) AS u
                  WHERE u.limit_key IS NULL
             )
-            SELECT c.id, c.k FROM candidates AS c ORDER BY c.neg_priority, c.run_at, c.id
+            SELECT c.id, c.attempts, c.k FROM candidates AS c
+             ORDER BY c.neg_priority, c.run_at, c.id
         LOOP
             EXIT WHEN cardinality(ids) >= room;
             CONTINUE WHEN cand.k = ANY(kbusy);
             s := NULL;
             kslot := NULL;
             IF cand.k IS NOT NULL AND lim.key_concurrency IS NOT NULL THEN
-                kslot := "worker".take_key_permit(q, cand.k, lim.key_concurrency, t0);
+                kslot := "worker".take_key_permit(
+                    q, cand.k, lim.key_concurrency, t0,
+                    ARRAY(SELECT x.s FROM unnest(rowkeys, rowslots) AS x(k, s)
+                           WHERE x.k = cand.k AND x.s IS NOT NULL));
                 IF kslot IS NULL THEN
                     kbusy := kbusy || cand.k;
                     held := true;
@@ -731,17 +745,14 @@ BEGIN
                                WHERE t.id = cand.id AND t.state = 'queued'
                                  FOR UPDATE SKIP LOCKED)
             THEN
-                -- Not taken after all: the permit taken for it is free again.
-                IF kslot IS NOT NULL THEN
-                    UPDATE "worker".limit_permits AS p SET task_id = NULL, attempt = NULL
-                     WHERE p.queue = q AND p.limit_key = cand.k AND p.slot = kslot;
-                END IF;
+                -- Not taken after all (the permit locked for it stays free).
                 CONTINUE;
             END IF;
             IF lim.rate IS NOT NULL THEN
                 tat := greatest(tat, s) + gap;
             END IF;
             ids := ids || cand.id;
+            atts := atts || (cand.attempts + 1);
             start_at := start_at || s;
             rowkeys := rowkeys || coalesce(cand.k, '');
             rowslots := rowslots || kslot;
@@ -758,20 +769,25 @@ BEGIN
                                    THEN r.window_start ELSE t0 END
          WHERE r.queue = q AND r.limit_key = '';
     END IF;
-    IF lim.concurrency IS NOT NULL THEN
-        -- Permits not used (fewer rows than permits): free again at commit; the ones used name
-        -- their rows (their attempt is the one the claim below makes).
+    IF lim.concurrency IS NOT NULL AND cardinality(ids) > 0 THEN
+        -- The permits used name their rows and the attempt the claim makes; the others were
+        -- only locked, and are free to the next claim. No column of an index changes: the
+        -- update stays on its page (a heap-only tuple), however often permits turn over.
+        -- The permits taken are the lowest free ones: one short range of the primary key (each
+        -- key of `= ANY(used)` would be a descent of its own, several times slower).
+        used := permits[1:cardinality(ids)];
         UPDATE "worker".limit_permits AS p
-           SET task_id = x.id, attempt = t.attempts + 1
-          FROM unnest(permits[1:cardinality(ids)], ids) AS x(slot, id)
-          JOIN "worker".tasks AS t ON t.id = x.id
-         WHERE p.queue = q AND p.limit_key = '' AND p.slot = x.slot;
+           SET task_id = ids[array_position(used, p.slot)],
+               attempt = atts[array_position(used, p.slot)]
+         WHERE p.queue = q AND p.limit_key = ''
+           AND p.slot BETWEEN (SELECT min(u) FROM unnest(used) AS u)
+                          AND (SELECT max(u) FROM unnest(used) AS u)
+           AND array_position(used, p.slot) IS NOT NULL;
     END IF;
-    IF lim.key_concurrency IS NOT NULL THEN
+    IF lim.key_concurrency IS NOT NULL AND cardinality(ids) > 0 THEN
         UPDATE "worker".limit_permits AS p
-           SET task_id = x.id, attempt = t.attempts + 1
-          FROM unnest(rowslots, rowkeys, ids) AS x(slot, k, id)
-          JOIN "worker".tasks AS t ON t.id = x.id
+           SET task_id = x.id, attempt = x.att
+          FROM unnest(rowslots, rowkeys, ids, atts) AS x(slot, k, id, att)
          WHERE x.slot IS NOT NULL AND p.queue = q AND p.limit_key = x.k AND p.slot = x.slot;
     END IF;
     IF wait_seconds >= 1e9 THEN
@@ -1130,11 +1146,10 @@ BEGIN
     SELECT q, '', g FROM generate_series(1, coalesce(c, 0)) AS g
     ON CONFLICT DO NOTHING;
     DELETE FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = '' AND p.slot > coalesce(c, 0) AND p.task_id IS NULL;
+     WHERE p.queue = q AND p.limit_key = '' AND p.slot > coalesce(c, 0);
     IF NOT EXISTS (SELECT 1 FROM "worker".queue_limits AS l
                     WHERE l.queue = q AND l.key_concurrency IS NOT NULL) THEN
-        DELETE FROM "worker".limit_permits AS p
-         WHERE p.queue = q AND p.limit_key <> '' AND p.task_id IS NULL;
+        DELETE FROM "worker".limit_permits AS p WHERE p.queue = q AND p.limit_key <> '';
     END IF;
     IF EXISTS (SELECT 1 FROM "worker".queue_limits AS l WHERE l.queue = q AND l.rate IS NOT NULL)
     THEN
@@ -1149,21 +1164,22 @@ BEGIN
 END;
 $$;
 
--- Name: take_key_permit(text, text, integer, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: take_key_permit(text, text, integer, timestamp with time zone, integer[]); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp with time zone) RETURNS integer
+CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp with time zone, mine integer[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
     got integer;
 BEGIN
     SELECT p.slot INTO got FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = k AND p.task_id IS NULL AND p.slot <= c
+     WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
+       AND (p.task_id IS NULL OR NOT EXISTS (
+               SELECT 1 FROM "worker".tasks AS t
+                WHERE t.id = p.task_id AND t.attempts = p.attempt
+                  AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
      ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
-        -- Marked at once, so that the next row of the same key in this claim takes another.
-        UPDATE "worker".limit_permits AS p SET task_id = 0, attempt = 0
-         WHERE p.queue = q AND p.limit_key = k AND p.slot = got;
         RETURN got;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM "worker".limit_permits AS p
@@ -1173,22 +1189,9 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN NULL;
         END;
-        RETURN "worker".take_key_permit(q, k, c, t0);
+        RETURN "worker".take_key_permit(q, k, c, t0, mine);
     END IF;
-    -- Permits whose holder no longer runs.
-    SELECT p.slot INTO got FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = k AND p.task_id IS NOT NULL AND p.task_id <> 0
-       AND p.slot <= c
-       AND NOT EXISTS (
-           SELECT 1 FROM "worker".tasks AS t
-            WHERE t.id = p.task_id AND t.attempts = p.attempt
-              AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
-     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        UPDATE "worker".limit_permits AS p SET task_id = 0, attempt = 0
-         WHERE p.queue = q AND p.limit_key = k AND p.slot = got;
-    END IF;
-    RETURN got;
+    RETURN NULL;
 END;
 $$;
 
@@ -1281,7 +1284,8 @@ CREATE TABLE worker.limit_permits (
     slot integer NOT NULL,
     task_id bigint,
     attempt integer
-);
+)
+WITH (fillfactor='50');
 
 -- Name: limit_rates; Type: TABLE; Schema: worker; Owner: -
 
@@ -1544,14 +1548,6 @@ ALTER TABLE ONLY worker.workers
 -- Name: actions_at_idx; Type: INDEX; Schema: worker; Owner: -
 
 CREATE INDEX actions_at_idx ON worker.actions USING btree (at);
-
--- Name: limit_permits_free_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX limit_permits_free_idx ON worker.limit_permits USING btree (queue, limit_key, slot) WHERE (task_id IS NULL);
-
--- Name: limit_permits_task_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX limit_permits_task_idx ON worker.limit_permits USING btree (task_id) WHERE (task_id IS NOT NULL);
 
 -- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
 

@@ -35,11 +35,7 @@ WITH acked AS (
      WHERE t.id = d.id
        AND t.state = 'in_progress'
        AND t.worker_id = %(worker_id)s
-    RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.queue, t.task, t.state::text AS state
 ), gone AS (
     -- Its row in the registry: stopped, nothing in flight (status and the gauges then stop
     -- counting it; a process that stopped cleanly said so itself).
@@ -91,11 +87,7 @@ UPDATE {schema}.tasks AS t
        lease_expires_at = NULL
 -- See claim: primary-key look-ups, never a scan of the table.
  WHERE t.id = ANY(ARRAY(SELECT id FROM expired))
-RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+RETURNING t.id, t.queue, t.task, t.state::text AS state
 ), gone AS (
     -- A worker whose heartbeat (which renews every lease it holds) has not come since the first
     -- of these leases ran out is dead, hung or cut off: its row in the registry says it stopped
