@@ -616,10 +616,10 @@ BEGIN
 
     IF lim.rate IS NOT NULL AND room > 0 THEN
         gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
-        SELECT r.tat INTO tat FROM "worker".limit_rates AS r
-         WHERE r.queue = q AND r.limit_key = '' FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- Busy: another claim paces this queue right now. Try again in a moment.
+        tat := "worker".take_pace(q);
+        IF tat IS NULL THEN
+            -- Busy for longer than a claim takes to commit: another claim paces this queue and
+            -- is stuck (a frozen worker). Try again in a moment.
             wait_seconds := 0.02;
             room := 0;
         END IF;
@@ -1225,6 +1225,23 @@ BEGIN
     UPDATE "worker".limit_rates AS r SET tat = greatest(pace, s) + gap
      WHERE r.queue = q AND r.limit_key = k;
     RETURN s;
+END;
+$$;
+
+-- Name: take_pace(text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.take_pace(q text) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    SET lock_timeout TO '20ms'
+    AS $$
+DECLARE
+    pace timestamptz;
+BEGIN
+    SELECT r.tat INTO pace FROM "worker".limit_rates AS r
+     WHERE r.queue = q AND r.limit_key = '' FOR UPDATE;
+    RETURN pace;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN NULL;
 END;
 $$;
 
