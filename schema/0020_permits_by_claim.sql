@@ -52,6 +52,18 @@ BEGIN
 END;
 $$;
 
+-- Whether a permit held by (task, attempt) is free at t0: nobody holds it, or its holder's attempt
+-- no longer runs under a live lease. One definition for every claim (the planner inlines it).
+CREATE FUNCTION {schema}.permit_free(holder bigint, holder_attempt integer, t0 timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT holder IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.tasks AS t
+         WHERE t.id = holder AND t.attempts = holder_attempt
+           AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
+$$;
+
 -- A free permit of key k (slot <= c), locked for this claim, or NULL. `mine`: the slots this
 -- claim already took for k (its own locks do not keep it from taking them twice).
 DROP FUNCTION {schema}.take_key_permit(text, text, integer, timestamptz);
@@ -63,16 +75,20 @@ AS $$
 DECLARE
     got integer;
 BEGIN
-    SELECT p.slot INTO got FROM {schema}.limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
-       AND (p.task_id IS NULL OR NOT EXISTS (
-               SELECT 1 FROM {schema}.tasks AS t
-                WHERE t.id = p.task_id AND t.attempts = p.attempt
-                  AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
-     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN got;
-    END IF;
+    LOOP
+        SELECT p.slot INTO got FROM {schema}.limit_permits AS p
+         WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
+           AND {schema}.permit_free(p.task_id, p.attempt, t0)
+         ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        -- Checked again now that it is locked (see the same check in claim_limited_rows).
+        IF EXISTS (SELECT 1 FROM {schema}.limit_permits AS p
+                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got
+                      AND {schema}.permit_free(p.task_id, p.attempt, t0)) THEN
+            RETURN got;
+        END IF;
+        mine := mine || got;
+    END LOOP;
     IF NOT EXISTS (SELECT 1 FROM {schema}.limit_permits AS p
                     WHERE p.queue = q AND p.limit_key = k) THEN
         BEGIN
@@ -163,12 +179,22 @@ BEGIN
         permits := ARRAY(
             SELECT p.slot FROM {schema}.limit_permits AS p
              WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
-               AND (p.task_id IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM {schema}.tasks AS t
-                        WHERE t.id = p.task_id AND t.attempts = p.attempt
-                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
+               AND {schema}.permit_free(p.task_id, p.attempt, t0)
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
+        -- Checked again, now that they are locked, by a statement whose snapshot is taken after
+        -- the locks: a permit that another claim took and committed just before this one locked
+        -- it came to the statement above in its new version, but with its new holder's row as
+        -- it was before that claim (not yet running), so it looked free.
+        IF cardinality(permits) > 0 THEN
+            permits := ARRAY(
+                SELECT p.slot FROM {schema}.limit_permits AS p
+                 WHERE p.queue = q AND p.limit_key = ''
+                   AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
+                   AND array_position(permits, p.slot) IS NOT NULL
+                   AND {schema}.permit_free(p.task_id, p.attempt, t0)
+                 ORDER BY p.slot);
+        END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
         room := least(cardinality(permits), lim.concurrency - (

@@ -596,12 +596,22 @@ BEGIN
         permits := ARRAY(
             SELECT p.slot FROM "worker".limit_permits AS p
              WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
-               AND (p.task_id IS NULL OR NOT EXISTS (
-                       SELECT 1 FROM "worker".tasks AS t
-                        WHERE t.id = p.task_id AND t.attempts = p.attempt
-                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
+               AND "worker".permit_free(p.task_id, p.attempt, t0)
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
+        -- Checked again, now that they are locked, by a statement whose snapshot is taken after
+        -- the locks: a permit that another claim took and committed just before this one locked
+        -- it came to the statement above in its new version, but with its new holder's row as
+        -- it was before that claim (not yet running), so it looked free.
+        IF cardinality(permits) > 0 THEN
+            permits := ARRAY(
+                SELECT p.slot FROM "worker".limit_permits AS p
+                 WHERE p.queue = q AND p.limit_key = ''
+                   AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
+                   AND array_position(permits, p.slot) IS NOT NULL
+                   AND "worker".permit_free(p.task_id, p.attempt, t0)
+                 ORDER BY p.slot);
+        END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
         room := least(cardinality(permits), lim.concurrency - (
@@ -962,6 +972,17 @@ BEGIN
 END;
 $$;
 
+-- Name: permit_free(bigint, integer, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.permit_free(holder bigint, holder_attempt integer, t0 timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT holder IS NULL OR NOT EXISTS (
+        SELECT 1 FROM "worker".tasks AS t
+         WHERE t.id = holder AND t.attempts = holder_attempt
+           AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
+$$;
+
 -- Name: record_action(text, text, jsonb, jsonb, text, boolean, text); Type: FUNCTION; Schema: worker; Owner: -
 
 CREATE FUNCTION worker.record_action(actor text, action text, filter jsonb DEFAULT '{}'::jsonb, counts jsonb DEFAULT '{}'::jsonb, source text DEFAULT ''::text, finished boolean DEFAULT true, address text DEFAULT ''::text) RETURNS bigint
@@ -1172,16 +1193,20 @@ CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp w
 DECLARE
     got integer;
 BEGIN
-    SELECT p.slot INTO got FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
-       AND (p.task_id IS NULL OR NOT EXISTS (
-               SELECT 1 FROM "worker".tasks AS t
-                WHERE t.id = p.task_id AND t.attempts = p.attempt
-                  AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
-     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN got;
-    END IF;
+    LOOP
+        SELECT p.slot INTO got FROM "worker".limit_permits AS p
+         WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
+           AND "worker".permit_free(p.task_id, p.attempt, t0)
+         ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        -- Checked again now that it is locked (see the same check in claim_limited_rows).
+        IF EXISTS (SELECT 1 FROM "worker".limit_permits AS p
+                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got
+                      AND "worker".permit_free(p.task_id, p.attempt, t0)) THEN
+            RETURN got;
+        END IF;
+        mine := mine || got;
+    END LOOP;
     IF NOT EXISTS (SELECT 1 FROM "worker".limit_permits AS p
                     WHERE p.queue = q AND p.limit_key = k) THEN
         BEGIN

@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -797,3 +798,52 @@ def test_permits_carry_no_index_a_claim_would_change(
     assert updates >= 40000, updates
     assert hot >= 0.9 * updates, (hot, updates)
     assert pages <= 200, pages  # 2,000 permits at half-full pages: about 30 pages when fresh
+
+
+def test_claims_racing_for_the_same_permits_never_exceed_the_limit(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Six connections claim one task at a time from a queue limited to 2, acknowledge it at
+    once and claim again, until each has held 200: permits change hands 1,200 times, often
+    between one claim's snapshot and its lock. Each holder records, by the database clock, a
+    moment after its claim committed and one before its acknowledgement; no three such spans
+    ever overlap."""
+    _tables(conn, schema)
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 2)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 30000)"
+    )
+    held: list[int] = []
+
+    def claimer() -> None:
+        wid = str(uuid.uuid4())
+        mine = 0
+        with psycopg.connect(pg_dsn, autocommit=True) as c:
+            while mine < 200:
+                with c.transaction():
+                    rows = store.claim(c, schema, queues=["q"], limit=1, worker_id=wid,
+                                       lease_seconds=30)  # fmt: skip
+                if not rows:
+                    continue
+                (row,) = rows
+                run = c.execute(
+                    f"INSERT INTO {schema}.runs (task_id, queue, started)"
+                    " VALUES (%s, 'q', clock_timestamp()) RETURNING id",
+                    (row.id,),
+                ).fetchone()
+                time.sleep(0.001)
+                c.execute(
+                    f"UPDATE {schema}.runs SET finished = clock_timestamp() WHERE id = %s", run
+                )
+                with c.transaction():
+                    store.complete(c, schema, worker_id=wid, done=[(row.id, row.attempt)])
+                held.append(row.id)
+                mine += 1
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(held)) == 1200
+    assert _max_overlap(conn, schema, "queue") == {"q": 2}
