@@ -19,7 +19,6 @@ from psycopg.types.json import Jsonb
 
 import worker
 
-
 _local = threading.local()
 
 
