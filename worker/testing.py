@@ -239,11 +239,6 @@ class WorkflowRun:
     def __getitem__(self, step: Step) -> StepRun:
         return next(r for r in self.steps if r.step is step)
 
-    @property
-    def results(self) -> dict[str, Any]:
-        """{step name: result} of the steps that ended done."""
-        return {r.step.name: r.result for r in self.steps if r.state == "done"}
-
     def check(self) -> WorkflowRun:
         """Raise AssertionError naming every step that did not end done; else self."""
         bad = [r for r in self.steps if r.state != "done"]
