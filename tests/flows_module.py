@@ -84,10 +84,19 @@ def collect(payload: dict[str, Any], ctx: worker.Context) -> list[Any]:
 
 
 @worker.task("wf.fail", max_attempts=1)
-def fail(payload: dict[str, Any], ctx: worker.Context) -> None:
-    run = _start(ctx)
-    _end(run)
+def fail(payload: dict[str, Any]) -> None:
     raise worker.DoNotRetry(payload.get("why", "this step fails"))
+
+
+@worker.task("wf.noop_sum")
+def noop_sum(payload: dict[str, Any], ctx: worker.Context) -> int:
+    """add without a record: for worker.testing.run_workflow, which needs no database."""
+    return int(payload.get("n", 0)) + sum(int(i or 0) for i in ctx.inputs)
+
+
+@worker.task("wf.count_inputs")
+def count_inputs(payload: dict[str, Any], ctx: worker.Context) -> int:
+    return len(ctx.inputs)
 
 
 @worker.task("wf.noop", max_attempts=3, retry_backoff=0.1)
@@ -98,6 +107,9 @@ def noop(payload: dict[str, Any]) -> None:
 @worker.task("wf.sleep", max_attempts=3, retry_backoff=0.1)
 def sleep(payload: dict[str, Any], ctx: worker.Context) -> int:
     run = _start(ctx)
-    time.sleep(float(payload.get("s", 0.01)))
+    until = time.monotonic() + float(payload.get("s", 0.01))
+    while (left := until - time.monotonic()) > 0:
+        ctx.check()  # a cancel request stops it
+        time.sleep(min(left, 0.05))
     _end(run)
     return int(payload.get("n", 0))

@@ -4,6 +4,7 @@ that asked for it, or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,9 @@ def enqueue_workflow(target: Target, flow: Workflow, *, schema: str = "worker") 
             edges.append((i, place[edge.step], edge.run_on_failure, position))
     with schema_errors(schema), borrow(target) as conn:
         try:
-            with conn.transaction():
+            # An autocommit connection (a pool's, a DSN's) gets a transaction of its own; any
+            # other is the caller's, which commits or rolls back the workflow with its writes.
+            with conn.transaction() if conn.autocommit else contextlib.nullcontext():
                 workflow_id, ids = store.insert_workflow(
                     conn, schema, name=flow.name, steps=rows, edges=edges
                 )

@@ -186,6 +186,8 @@ def _cycle(stuck: Sequence[Step]) -> list[Step]:
         s = next(e.step for e in s.depends_on if e.step.index in left)
     loop = path[at[s.index] :]
     loop.reverse()  # dependency first: a -> b reads "b waits for a"
+    first = min(range(len(loop)), key=lambda i: loop[i].index)  # from the earliest added
+    loop = loop[first:] + loop[:first]
     return [*loop, loop[0]]
 
 
