@@ -108,8 +108,10 @@ def noop(payload: dict[str, Any]) -> None:
 def sleep(payload: dict[str, Any], ctx: worker.Context) -> int:
     run = _start(ctx)
     until = time.monotonic() + float(payload.get("s", 0.01))
-    while (left := until - time.monotonic()) > 0:
-        ctx.check()  # a cancel request stops it
-        time.sleep(min(left, 0.05))
-    _end(run)
+    try:
+        while (left := until - time.monotonic()) > 0:
+            ctx.check()  # a cancel request (or a graceful stop) stops it
+            time.sleep(min(left, 0.05))
+    finally:
+        _end(run)
     return int(payload.get("n", 0))
