@@ -9,7 +9,6 @@ CREATE SCHEMA worker;
 -- Name: task_state; Type: TYPE; Schema: worker; Owner: -
 
 CREATE TYPE worker.task_state AS ENUM (
-    'waiting',
     'scheduled',
     'queued',
     'in_progress',
@@ -474,7 +473,7 @@ BEGIN
             UPDATE "worker".tasks AS t
                SET state = 'cancelled', finished_at = now(),
                    cancel_requested_at = now(), cancelled_by = who
-             WHERE t.id = ANY(cancel_tasks.ids) AND t.state IN ('waiting', 'scheduled', 'queued')
+             WHERE t.id = ANY(cancel_tasks.ids) AND t.state IN ('scheduled', 'queued')
             RETURNING t.id
         )
         SELECT coalesce(array_agg(moved.id), '{}') INTO got FROM moved;
@@ -494,11 +493,9 @@ BEGIN
         EXIT WHEN NOT EXISTS (
             SELECT 1 FROM "worker".tasks AS t
              WHERE t.id = ANY(cancel_tasks.ids)
-               AND (t.state IN ('waiting', 'scheduled', 'queued')
+               AND (t.state IN ('scheduled', 'queued')
                     OR (t.state = 'in_progress' AND t.cancel_requested_at IS NULL)));
     END LOOP;
-    -- Steps of workflows cancelled here: their dependents are cancelled too (schema/0021).
-    PERFORM "worker".settle_steps(ended);
     IF cardinality(asked) > 0 THEN
         -- The channel carries the schema's own name (as the insert trigger's does); the payload
         -- lists the ids, or is empty when they would not fit ("check every task you hold").
@@ -520,21 +517,6 @@ BEGIN
       LEFT JOIN "worker".tasks AS t ON t.id = i.id
      ORDER BY i.n;
 END;
-$$;
-
--- Name: cancel_workflow(bigint, text); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.cancel_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS integer
-    LANGUAGE sql
-    AS $$
-    SELECT count(*)::integer
-      FROM "worker".cancel_tasks(
-               ARRAY(SELECT t.id FROM "worker".tasks AS t
-                      WHERE t.workflow_id = cancel_workflow.workflow_id
-                        AND t.state IN ('waiting', 'scheduled', 'queued', 'in_progress')
-                      ORDER BY t.id),
-               cancel_workflow.by) AS c
-     WHERE c.outcome IN ('cancelled', 'requested');
 $$;
 
 -- Name: claim_limited_batch(text[], integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
@@ -572,6 +554,8 @@ $$;
 CREATE FUNCTION worker.claim_limited_rows(q text, want integer, lookahead double precision DEFAULT 0.5, OUT ids bigint[], OUT start_at timestamp with time zone[], OUT wait_seconds double precision, OUT held boolean) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 #variable_conflict use_variable
 DECLARE
@@ -580,6 +564,11 @@ DECLARE
     t0       timestamptz := clock_timestamp();
     room     integer := want;
     permits  integer[] := '{}';
+    used     integer[];
+    take     integer;
+    fit      integer;
+    m        timestamptz;
+    atts     integer[] := '{}';
     keyed    boolean;
     gap      interval;
     key_gap  interval;
@@ -602,24 +591,17 @@ BEGIN
     horizon := t0 + make_interval(secs => lookahead);
 
     IF lim.concurrency IS NOT NULL THEN
+        -- Free permits, lowest slots first: never held, or held by an attempt that no longer
+        -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
         permits := ARRAY(
             SELECT p.slot FROM "worker".limit_permits AS p
-             WHERE p.queue = q AND p.limit_key = '' AND p.task_id IS NULL
-               AND p.slot <= lim.concurrency
-             ORDER BY p.slot LIMIT room
-               FOR UPDATE SKIP LOCKED);
-        IF cardinality(permits) < room THEN
-            permits := permits || ARRAY(
-                SELECT p.slot FROM "worker".limit_permits AS p
-                 WHERE p.queue = q AND p.limit_key = '' AND p.task_id IS NOT NULL
-                   AND p.slot <= lim.concurrency
-                   AND NOT EXISTS (
+             WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
+               AND (p.task_id IS NULL OR NOT EXISTS (
                        SELECT 1 FROM "worker".tasks AS t
                         WHERE t.id = p.task_id AND t.attempts = p.attempt
-                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
-                 ORDER BY p.slot LIMIT room - cardinality(permits)
-                   FOR UPDATE SKIP LOCKED);
-        END IF;
+                          AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
+             ORDER BY p.slot LIMIT room
+               FOR UPDATE SKIP LOCKED);
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
         room := least(cardinality(permits), lim.concurrency - (
@@ -634,10 +616,10 @@ BEGIN
 
     IF lim.rate IS NOT NULL AND room > 0 THEN
         gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
-        SELECT r.tat INTO tat FROM "worker".limit_rates AS r
-         WHERE r.queue = q AND r.limit_key = '' FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- Busy: another claim paces this queue right now. Try again in a moment.
+        tat := "worker".take_pace(q);
+        IF tat IS NULL THEN
+            -- Busy for longer than a claim takes to commit: another claim paces this queue and
+            -- is stuck (a frozen worker). Try again in a moment.
             wait_seconds := 0.02;
             room := 0;
         END IF;
@@ -649,26 +631,35 @@ BEGIN
     END IF;
 
     IF room > 0 AND NOT keyed THEN
-        -- The queue's first rows in claim order, as many as there is room for.
-        FOR cand IN
-            SELECT t.id FROM "worker".tasks AS t
-             WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
-             ORDER BY (-t.priority), t.run_at, t.id
-             LIMIT room
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            s := NULL;
-            IF lim.rate IS NOT NULL THEN
-                s := greatest(t0, tat - (coalesce(lim.burst, 1) - 1) * gap);
-                IF s > horizon THEN
-                    wait_seconds := greatest(extract(epoch FROM s - horizon), 0.001);
-                    EXIT;
-                END IF;
-                tat := greatest(tat, s) + gap;
+        take := room;
+        IF lim.rate IS NOT NULL THEN
+            -- The pace in closed form: after `tat`, the i-th start of this claim (from 1) is due
+            -- at greatest(t0, m + (i - burst) * gap) with m = greatest(tat, t0), which is what
+            -- spacing the starts one by one gives; those due within the horizon are taken.
+            m := greatest(tat, t0);
+            fit := coalesce(lim.burst, 1)
+                   + floor(extract(epoch FROM horizon - m) / extract(epoch FROM gap))::integer;
+            take := least(room, greatest(fit, 0));
+            IF take < room THEN
+                wait_seconds := greatest(extract(epoch FROM
+                    greatest(t0, m + (take + 1 - coalesce(lim.burst, 1)) * gap) - horizon), 0.001);
             END IF;
-            ids := ids || cand.id;
-            start_at := start_at || s;
-        END LOOP;
+        END IF;
+        -- The queue's first rows in claim order, as many as the limits allow.
+        IF take > 0 THEN
+            SELECT coalesce(array_agg(c.id), '{}'), coalesce(array_agg(c.attempts + 1), '{}')
+              INTO ids, atts
+              FROM (SELECT t.id, t.attempts FROM "worker".tasks AS t
+                     WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
+                     ORDER BY (-t.priority), t.run_at, t.id
+                     LIMIT take
+                       FOR UPDATE SKIP LOCKED) AS c;
+        END IF;
+        IF lim.rate IS NOT NULL AND cardinality(ids) > 0 THEN
+            start_at := ARRAY(SELECT greatest(t0, m + (i - coalesce(lim.burst, 1)) * gap)
+                                FROM generate_series(1, cardinality(ids)) AS i ORDER BY i);
+            tat := m + cardinality(ids) * gap;
+        END IF;
     ELSIF room > 0 THEN
         -- Per key: the first rows of each key (one probe of tasks_limit_key_idx per key with
         -- queued rows, found by a skip scan), merged in claim order with the rows without a
@@ -687,10 +678,11 @@ BEGIN
                          ORDER BY t.limit_key LIMIT 1)
                   FROM keys WHERE keys.k IS NOT NULL
             ), candidates AS (
-                SELECT f.id, f.k, f.neg_priority, f.run_at
+                SELECT f.id, f.attempts, f.k, f.neg_priority, f.run_at
                   FROM keys
                  CROSS JOIN LATERAL (
-                    SELECT t.id, t.limit_key AS k, -t.priority AS neg_priority, t.run_at
+                    SELECT t.id, t.attempts, t.limit_key AS k, -t.priority AS neg_priority,
+                           t.run_at
                       FROM "worker".tasks AS t
                      WHERE t.queue = q AND t.state = 'queued' AND t.limit_key = keys.k
                        AND t.run_at <= t0
@@ -698,22 +690,26 @@ BEGIN
                      LIMIT room) AS f
                  WHERE keys.k IS NOT NULL
                 UNION ALL
-                SELECT u.id, NULL, u.neg_priority, u.run_at FROM (
-                    SELECT t.id, -t.priority AS neg_priority, t.run_at, t.limit_key
+                SELECT u.id, u.attempts, NULL, u.neg_priority, u.run_at FROM (
+                    SELECT t.id, t.attempts, -t.priority AS neg_priority, t.run_at, t.limit_key
                       FROM "worker".tasks AS t
                      WHERE t.state = 'queued' AND t.queue = q AND t.run_at <= t0
                      ORDER BY (-t.priority), t.run_at, t.id
                      LIMIT 256) AS u
                  WHERE u.limit_key IS NULL
             )
-            SELECT c.id, c.k FROM candidates AS c ORDER BY c.neg_priority, c.run_at, c.id
+            SELECT c.id, c.attempts, c.k FROM candidates AS c
+             ORDER BY c.neg_priority, c.run_at, c.id
         LOOP
             EXIT WHEN cardinality(ids) >= room;
             CONTINUE WHEN cand.k = ANY(kbusy);
             s := NULL;
             kslot := NULL;
             IF cand.k IS NOT NULL AND lim.key_concurrency IS NOT NULL THEN
-                kslot := "worker".take_key_permit(q, cand.k, lim.key_concurrency, t0);
+                kslot := "worker".take_key_permit(
+                    q, cand.k, lim.key_concurrency, t0,
+                    ARRAY(SELECT x.s FROM unnest(rowkeys, rowslots) AS x(k, s)
+                           WHERE x.k = cand.k AND x.s IS NOT NULL));
                 IF kslot IS NULL THEN
                     kbusy := kbusy || cand.k;
                     held := true;
@@ -749,17 +745,14 @@ BEGIN
                                WHERE t.id = cand.id AND t.state = 'queued'
                                  FOR UPDATE SKIP LOCKED)
             THEN
-                -- Not taken after all: the permit taken for it is free again.
-                IF kslot IS NOT NULL THEN
-                    UPDATE "worker".limit_permits AS p SET task_id = NULL, attempt = NULL
-                     WHERE p.queue = q AND p.limit_key = cand.k AND p.slot = kslot;
-                END IF;
+                -- Not taken after all (the permit locked for it stays free).
                 CONTINUE;
             END IF;
             IF lim.rate IS NOT NULL THEN
                 tat := greatest(tat, s) + gap;
             END IF;
             ids := ids || cand.id;
+            atts := atts || (cand.attempts + 1);
             start_at := start_at || s;
             rowkeys := rowkeys || coalesce(cand.k, '');
             rowslots := rowslots || kslot;
@@ -776,20 +769,25 @@ BEGIN
                                    THEN r.window_start ELSE t0 END
          WHERE r.queue = q AND r.limit_key = '';
     END IF;
-    IF lim.concurrency IS NOT NULL THEN
-        -- Permits not used (fewer rows than permits): free again at commit; the ones used name
-        -- their rows (their attempt is the one the claim below makes).
+    IF lim.concurrency IS NOT NULL AND cardinality(ids) > 0 THEN
+        -- The permits used name their rows and the attempt the claim makes; the others were
+        -- only locked, and are free to the next claim. No column of an index changes: the
+        -- update stays on its page (a heap-only tuple), however often permits turn over.
+        -- The permits taken are the lowest free ones: one short range of the primary key (each
+        -- key of `= ANY(used)` would be a descent of its own, several times slower).
+        used := permits[1:cardinality(ids)];
         UPDATE "worker".limit_permits AS p
-           SET task_id = x.id, attempt = t.attempts + 1
-          FROM unnest(permits[1:cardinality(ids)], ids) AS x(slot, id)
-          JOIN "worker".tasks AS t ON t.id = x.id
-         WHERE p.queue = q AND p.limit_key = '' AND p.slot = x.slot;
+           SET task_id = ids[array_position(used, p.slot)],
+               attempt = atts[array_position(used, p.slot)]
+         WHERE p.queue = q AND p.limit_key = ''
+           AND p.slot BETWEEN (SELECT min(u) FROM unnest(used) AS u)
+                          AND (SELECT max(u) FROM unnest(used) AS u)
+           AND array_position(used, p.slot) IS NOT NULL;
     END IF;
-    IF lim.key_concurrency IS NOT NULL THEN
+    IF lim.key_concurrency IS NOT NULL AND cardinality(ids) > 0 THEN
         UPDATE "worker".limit_permits AS p
-           SET task_id = x.id, attempt = t.attempts + 1
-          FROM unnest(rowslots, rowkeys, ids) AS x(slot, k, id)
-          JOIN "worker".tasks AS t ON t.id = x.id
+           SET task_id = x.id, attempt = x.att
+          FROM unnest(rowslots, rowkeys, ids, atts) AS x(slot, k, id, att)
          WHERE x.slot IS NOT NULL AND p.queue = q AND p.limit_key = x.k AND p.slot = x.slot;
     END IF;
     IF wait_seconds >= 1e9 THEN
@@ -811,80 +809,6 @@ BEGIN
     END IF;
     PERFORM "worker".sync_limit_permits(clear_queue_limit.queue);
     RETURN true;
-END;
-$$;
-
--- Name: create_workflow(jsonb, text); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.create_workflow(steps jsonb, name text DEFAULT ''::text) RETURNS bigint
-    LANGUAGE plpgsql
-    AS $$
-#variable_conflict use_variable
-DECLARE
-    wf      bigint;
-    keys    jsonb := '{}';
-    s       jsonb;
-    dep     jsonb;
-    k       text;
-    ref     text;
-    new_id  bigint;
-    i       integer := 0;
-    pos     integer;
-    deps    jsonb;
-BEGIN
-    IF steps IS NULL OR jsonb_typeof(steps) <> 'array' OR jsonb_array_length(steps) = 0 THEN
-        RAISE EXCEPTION 'create_workflow: steps must be a non-empty JSON array of steps'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    INSERT INTO "worker".workflows (name) VALUES (left(coalesce(name, ''), 255)) RETURNING id INTO wf;
-    FOR s IN SELECT x FROM jsonb_array_elements(steps) AS x LOOP
-        i := i + 1;
-        IF jsonb_typeof(s) <> 'object' OR jsonb_typeof(s -> 'task') IS DISTINCT FROM 'string' THEN
-            RAISE EXCEPTION 'create_workflow: step % must be an object with a "task"', i
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        k := coalesce(s ->> 'key', i::text);
-        IF keys ? k THEN
-            RAISE EXCEPTION 'create_workflow: two steps have the key %', quote_literal(k)
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        deps := coalesce(s -> 'depends_on', '[]');
-        IF jsonb_typeof(deps) <> 'array' THEN
-            RAISE EXCEPTION 'create_workflow: "depends_on" of step % must be an array', quote_literal(k)
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        INSERT INTO "worker".tasks AS t
-               (task, payload, queue, priority, max_attempts, run_at, workflow_id, state)
-        VALUES (s ->> 'task', coalesce(s -> 'payload', '{}'), s ->> 'queue',
-                coalesce((s ->> 'priority')::integer, 0), (s ->> 'max_attempts')::integer,
-                coalesce((s ->> 'run_at')::timestamptz, now()), wf,
-                CASE WHEN jsonb_array_length(deps) > 0 THEN 'waiting'::"worker".task_state
-                     ELSE 'queued' END)
-        RETURNING t.id INTO new_id;
-        pos := 0;
-        FOR dep IN SELECT x FROM jsonb_array_elements(deps) AS x LOOP
-            ref := CASE jsonb_typeof(dep) WHEN 'string' THEN dep #>> '{}'
-                                          WHEN 'number' THEN dep #>> '{}'
-                                          WHEN 'object' THEN dep ->> 'step' END;
-            IF ref = k THEN
-                RAISE EXCEPTION 'create_workflow: step % depends on itself', quote_literal(k)
-                    USING ERRCODE = 'invalid_parameter_value';
-            END IF;
-            IF ref IS NULL OR NOT keys ? ref THEN
-                RAISE EXCEPTION 'create_workflow: step % depends on %, which is not listed before it (list each step after the steps it depends on)',
-                    quote_literal(k), coalesce(quote_literal(ref), 'nothing')
-                    USING ERRCODE = 'invalid_parameter_value';
-            END IF;
-            INSERT INTO "worker".task_deps (task_id, depends_on, run_on_failure, position)
-            VALUES (new_id, (keys ->> ref)::bigint,
-                    coalesce(jsonb_typeof(dep) = 'object' AND (dep ->> 'run_on_failure')::boolean,
-                             false),
-                    pos);
-            pos := pos + 1;
-        END LOOP;
-        keys := keys || jsonb_build_object(k, new_id);
-    END LOOP;
-    RETURN wf;
 END;
 $$;
 
@@ -1099,8 +1023,6 @@ BEGIN
         END;
     END LOOP;
     IF NOT dry_run AND cardinality(requeued) > 0 THEN
-        -- Steps of workflows take up their workflow again (schema/0021).
-        PERFORM "worker".resume_steps(requeued);
         PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
     END IF;
     RETURN NEXT;
@@ -1123,58 +1045,6 @@ BEGIN
        FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
       WHERE c.oid = '"worker".tasks'::regclass;
     RETURN true;
-END;
-$$;
-
--- Name: resume_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.resume_steps(ids bigint[]) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    frontier bigint[] := ids;
-    children bigint[];
-BEGIN
-    WITH c AS (
-        SELECT d.task_id AS id, count(*) FILTER (WHERE d.outcome IS NULL)::integer AS n
-          FROM "worker".task_deps AS d WHERE d.task_id = ANY(ids) GROUP BY d.task_id
-    )
-    UPDATE "worker".tasks AS t
-       SET pending_deps = c.n,
-           state = CASE WHEN c.n > 0 THEN 'waiting'::"worker".task_state ELSE t.state END,
-           inputs = CASE WHEN c.n = 0 THEN (
-               SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
-                 FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
-      FROM c
-     WHERE t.id = c.id AND t.state = 'queued';
-    WHILE cardinality(frontier) > 0 LOOP
-        WITH e AS (
-            UPDATE "worker".task_deps AS d SET outcome = NULL, result = NULL
-              FROM "worker".tasks AS c
-             WHERE d.depends_on = ANY(frontier) AND d.outcome IS NOT NULL
-               AND c.id = d.task_id AND c.state = 'cancelled' AND c.cancelled_by = 'workflow'
-            RETURNING d.task_id, d.depends_on
-        ), armed AS (
-            UPDATE "worker".tasks AS t SET dependents = true
-             WHERE t.id = ANY(ARRAY(SELECT e.depends_on FROM e))
-        )
-        SELECT coalesce(array_agg(DISTINCT e.task_id), '{}') INTO children FROM e;
-        WITH c AS (
-            SELECT d.task_id AS id, count(*) FILTER (WHERE d.outcome IS NULL)::integer AS n,
-                   coalesce(bool_or(d.outcome IN ('failed', 'cancelled') AND NOT d.run_on_failure),
-                            false) AS doomed
-              FROM "worker".task_deps AS d WHERE d.task_id = ANY(children) GROUP BY d.task_id
-        ), back AS (
-            UPDATE "worker".tasks AS t
-               SET state = 'waiting', pending_deps = c.n, finished_at = NULL, inputs = NULL,
-                   cancelled_by = NULL, cancel_requested_at = NULL, last_error = NULL
-              FROM c
-             WHERE t.id = c.id AND NOT c.doomed
-               AND t.state = 'cancelled' AND t.cancelled_by = 'workflow'
-            RETURNING t.id
-        )
-        SELECT coalesce(array_agg(b.id), '{}') INTO frontier FROM back AS b;
-    END LOOP;
 END;
 $$;
 
@@ -1263,139 +1133,6 @@ BEGIN
 END;
 $$;
 
--- Name: settle_missed(integer); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.settle_missed(batch integer DEFAULT 1000) RETURNS integer
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    n        integer;
-    freed    integer;
-    queues   text[];
-    earliest timestamptz;
-BEGIN
-    n := "worker".settle_steps(ARRAY(
-        SELECT t.id FROM "worker".tasks AS t
-         WHERE t.dependents AND t.state IN ('done', 'failed', 'cancelled')
-         ORDER BY t.id LIMIT batch
-           FOR UPDATE SKIP LOCKED));
-    WITH free AS (
-        SELECT t.id FROM "worker".tasks AS t
-         WHERE t.state = 'waiting' AND coalesce(t.pending_deps, 0) <= 0
-         ORDER BY t.id LIMIT batch
-           FOR UPDATE SKIP LOCKED
-    ), counted AS (
-        SELECT f.id, (SELECT count(*) FROM "worker".task_deps AS d
-                       WHERE d.task_id = f.id AND d.outcome IS NULL)::integer AS pending
-          FROM free AS f
-    ), moved AS (
-        UPDATE "worker".tasks AS t
-           SET pending_deps = c.pending,
-               state = CASE WHEN c.pending > 0 THEN 'waiting'::"worker".task_state
-                            WHEN t.run_at > now() THEN 'scheduled' ELSE 'queued' END,
-               run_at = CASE WHEN c.pending > 0 THEN t.run_at ELSE greatest(t.run_at, now()) END,
-               inputs = CASE WHEN c.pending = 0 THEN (
-                   SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
-                     FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
-          FROM counted AS c
-         WHERE t.id = c.id
-        RETURNING t.state, t.queue, t.run_at
-    )
-    SELECT count(*) FILTER (WHERE m.state = 'queued')::integer,
-           coalesce(array_agg(m.queue) FILTER (WHERE m.state = 'queued'), '{}'),
-           min(m.run_at) FILTER (WHERE m.state = 'queued')
-      INTO freed, queues, earliest
-      FROM moved AS m;
-    PERFORM "worker".wake_steps(queues, earliest);
-    RETURN n + freed;
-END;
-$$;
-
--- Name: settle_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.settle_steps(ids bigint[]) RETURNS integer
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    parents  bigint[] := ids;
-    released integer := 0;
-    n        integer;
-    woken    text[] := '{}';
-    earliest timestamptz;
-    first_at timestamptz;
-    queues   text[];
-BEGIN
-    WHILE cardinality(parents) > 0 LOOP
-        WITH p AS (
-            UPDATE "worker".tasks AS t SET dependents = false
-             WHERE t.id = ANY(parents) AND t.dependents
-               AND t.state IN ('done', 'failed', 'cancelled')
-            RETURNING t.id, t.state::text AS state, t.result, t.task
-        ), e AS (
-            UPDATE "worker".task_deps AS d
-               SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END
-              FROM p
-             WHERE d.depends_on = p.id AND d.outcome IS NULL
-            RETURNING d.task_id, d.depends_on, d.position, d.run_on_failure, d.outcome, d.result,
-                      p.task
-        ), c AS (
-            SELECT e.task_id AS id, count(*)::integer AS n,
-                   min(e.depends_on) FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure)
-                       AS blocker
-              FROM e GROUP BY e.task_id
-        ), locked AS (
-            -- In id order: the acknowledgements of other workers settle the same joins.
-            SELECT t.id FROM "worker".tasks AS t
-             WHERE t.id = ANY(ARRAY(SELECT c.id FROM c))
-             ORDER BY t.id
-               FOR UPDATE
-        ), moved AS (
-            UPDATE "worker".tasks AS t
-               SET pending_deps = t.pending_deps - c.n,
-                   state = CASE WHEN c.blocker IS NOT NULL THEN 'cancelled'::"worker".task_state
-                                WHEN t.pending_deps - c.n > 0 THEN 'waiting'
-                                WHEN t.run_at > now() THEN 'scheduled'
-                                ELSE 'queued' END,
-                   run_at = CASE WHEN c.blocker IS NULL AND t.pending_deps - c.n <= 0
-                                 THEN greatest(t.run_at, now()) ELSE t.run_at END,
-                   finished_at = CASE WHEN c.blocker IS NOT NULL THEN now() END,
-                   cancelled_by = CASE WHEN c.blocker IS NOT NULL THEN 'workflow'
-                                       ELSE t.cancelled_by END,
-                   last_error = CASE WHEN c.blocker IS NOT NULL
-                                     THEN (SELECT format('DependencyFailed: step %s (%s) ended %s',
-                                                         e.depends_on, left(e.task, 100), e.outcome)
-                                             FROM e WHERE e.task_id = t.id
-                                              AND e.depends_on = c.blocker)
-                                     ELSE t.last_error END,
-                   -- The results of every dependency, in edge order: those settled before from
-                   -- the table, those settled by this statement from `e` (a statement does not
-                   -- see its own updates).
-                   inputs = CASE WHEN c.blocker IS NULL AND t.pending_deps - c.n <= 0 THEN (
-                       SELECT jsonb_agg(CASE WHEN x.task_id IS NULL THEN d.result ELSE x.result END
-                                        ORDER BY d.position, d.depends_on)
-                         FROM "worker".task_deps AS d
-                         LEFT JOIN e AS x ON x.task_id = d.task_id AND x.depends_on = d.depends_on
-                        WHERE d.task_id = t.id) END
-              FROM c
-             WHERE t.id = c.id AND t.id = ANY(ARRAY(SELECT l.id FROM locked AS l))
-               AND t.state = 'waiting'
-            RETURNING t.id, t.state, t.queue, t.run_at, t.dependents
-        )
-        SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),
-               count(*) FILTER (WHERE m.state = 'queued')::integer,
-               coalesce(array_agg(m.queue) FILTER (WHERE m.state = 'queued'), '{}'),
-               min(m.run_at) FILTER (WHERE m.state = 'queued')
-          INTO parents, n, queues, first_at
-          FROM moved AS m;
-        released := released + n;
-        woken := woken || queues;
-        earliest := least(earliest, first_at);
-    END LOOP;
-    PERFORM "worker".wake_steps(woken, earliest);
-    RETURN released;
-END;
-$$;
-
 -- Name: sync_limit_permits(text); Type: FUNCTION; Schema: worker; Owner: -
 
 CREATE FUNCTION worker.sync_limit_permits(q text) RETURNS void
@@ -1409,11 +1146,10 @@ BEGIN
     SELECT q, '', g FROM generate_series(1, coalesce(c, 0)) AS g
     ON CONFLICT DO NOTHING;
     DELETE FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = '' AND p.slot > coalesce(c, 0) AND p.task_id IS NULL;
+     WHERE p.queue = q AND p.limit_key = '' AND p.slot > coalesce(c, 0);
     IF NOT EXISTS (SELECT 1 FROM "worker".queue_limits AS l
                     WHERE l.queue = q AND l.key_concurrency IS NOT NULL) THEN
-        DELETE FROM "worker".limit_permits AS p
-         WHERE p.queue = q AND p.limit_key <> '' AND p.task_id IS NULL;
+        DELETE FROM "worker".limit_permits AS p WHERE p.queue = q AND p.limit_key <> '';
     END IF;
     IF EXISTS (SELECT 1 FROM "worker".queue_limits AS l WHERE l.queue = q AND l.rate IS NOT NULL)
     THEN
@@ -1428,21 +1164,22 @@ BEGIN
 END;
 $$;
 
--- Name: take_key_permit(text, text, integer, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: take_key_permit(text, text, integer, timestamp with time zone, integer[]); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp with time zone) RETURNS integer
+CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp with time zone, mine integer[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
     got integer;
 BEGIN
     SELECT p.slot INTO got FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = k AND p.task_id IS NULL AND p.slot <= c
+     WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
+       AND (p.task_id IS NULL OR NOT EXISTS (
+               SELECT 1 FROM "worker".tasks AS t
+                WHERE t.id = p.task_id AND t.attempts = p.attempt
+                  AND t.state = 'in_progress' AND t.lease_expires_at >= t0))
      ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
-        -- Marked at once, so that the next row of the same key in this claim takes another.
-        UPDATE "worker".limit_permits AS p SET task_id = 0, attempt = 0
-         WHERE p.queue = q AND p.limit_key = k AND p.slot = got;
         RETURN got;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM "worker".limit_permits AS p
@@ -1452,22 +1189,9 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN NULL;
         END;
-        RETURN "worker".take_key_permit(q, k, c, t0);
+        RETURN "worker".take_key_permit(q, k, c, t0, mine);
     END IF;
-    -- Permits whose holder no longer runs.
-    SELECT p.slot INTO got FROM "worker".limit_permits AS p
-     WHERE p.queue = q AND p.limit_key = k AND p.task_id IS NOT NULL AND p.task_id <> 0
-       AND p.slot <= c
-       AND NOT EXISTS (
-           SELECT 1 FROM "worker".tasks AS t
-            WHERE t.id = p.task_id AND t.attempts = p.attempt
-              AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
-     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        UPDATE "worker".limit_permits AS p SET task_id = 0, attempt = 0
-         WHERE p.queue = q AND p.limit_key = k AND p.slot = got;
-    END IF;
-    RETURN got;
+    RETURN NULL;
 END;
 $$;
 
@@ -1504,149 +1228,20 @@ BEGIN
 END;
 $$;
 
--- Name: task_deps_added(); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: take_pace(text); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.task_deps_added() RETURNS trigger
+CREATE FUNCTION worker.take_pace(q text) RETURNS timestamp with time zone
     LANGUAGE plpgsql
+    SET lock_timeout TO '20ms'
     AS $$
 DECLARE
-    bad      record;
-    doomed   bigint[];
-    freed    integer;
+    pace timestamptz;
 BEGIN
-    SELECT a.task_id INTO bad FROM added AS a WHERE a.task_id = a.depends_on LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'workflow step % cannot depend on itself', bad.task_id
-            USING ERRCODE = 'check_violation';
-    END IF;
-    SELECT a.task_id, a.depends_on, c.id IS NULL AS no_step INTO bad
-      FROM added AS a
-      LEFT JOIN "worker".tasks AS c ON c.id = a.task_id
-      LEFT JOIN "worker".tasks AS p ON p.id = a.depends_on
-     WHERE c.id IS NULL OR p.id IS NULL
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'workflow edge % -> %: task % does not exist', bad.task_id, bad.depends_on,
-            CASE WHEN bad.no_step THEN bad.task_id ELSE bad.depends_on END
-            USING ERRCODE = 'foreign_key_violation';
-    END IF;
-    SELECT a.task_id, a.depends_on, c.workflow_id AS c_wf, p.workflow_id AS p_wf INTO bad
-      FROM added AS a
-      JOIN "worker".tasks AS c ON c.id = a.task_id
-      JOIN "worker".tasks AS p ON p.id = a.depends_on
-     WHERE c.workflow_id IS NULL OR p.workflow_id IS DISTINCT FROM c.workflow_id
-     LIMIT 1;
-    IF FOUND THEN
-        IF bad.c_wf IS NULL THEN
-            RAISE EXCEPTION 'workflow edge % -> %: task % is not a workflow step (its workflow_id is NULL)',
-                bad.task_id, bad.depends_on, bad.task_id USING ERRCODE = 'check_violation';
-        END IF;
-        RAISE EXCEPTION 'workflow edge % -> %: step % of workflow % cannot depend on task % of %',
-            bad.task_id, bad.depends_on, bad.task_id, bad.c_wf, bad.depends_on,
-            coalesce('workflow ' || bad.p_wf, 'no workflow') USING ERRCODE = 'check_violation';
-    END IF;
-    SELECT a.task_id, a.depends_on INTO bad FROM added AS a WHERE a.depends_on > a.task_id LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'workflow edge % -> %: a step depends only on steps inserted before it (a lower id), which keeps a workflow free of cycles',
-            bad.task_id, bad.depends_on USING ERRCODE = 'check_violation';
-    END IF;
-    -- Dependencies first, then the steps that wait, each in id order (as settle_steps locks).
-    PERFORM 1 FROM "worker".tasks AS t
-     WHERE t.id = ANY(ARRAY(SELECT a.depends_on FROM added AS a)) ORDER BY t.id FOR UPDATE;
-    PERFORM 1 FROM "worker".tasks AS t
-     WHERE t.id = ANY(ARRAY(SELECT a.task_id FROM added AS a)) ORDER BY t.id FOR UPDATE;
-    SELECT a.task_id, a.depends_on, c.state, c.dedupe_key IS NOT NULL AS keyed INTO bad
-      FROM added AS a JOIN "worker".tasks AS c ON c.id = a.task_id
-     WHERE c.state NOT IN ('waiting', 'scheduled', 'queued') OR c.dedupe_key IS NOT NULL
-     LIMIT 1;
-    IF FOUND THEN
-        IF bad.keyed THEN
-            RAISE EXCEPTION 'workflow edge % -> %: step % has a dedupe key, which a step that waits for others cannot hold',
-                bad.task_id, bad.depends_on, bad.task_id USING ERRCODE = 'check_violation';
-        END IF;
-        RAISE EXCEPTION 'workflow edge % -> %: step % is % already; add a step''s dependencies before it can run',
-            bad.task_id, bad.depends_on, bad.task_id, bad.state USING ERRCODE = 'check_violation';
-    END IF;
-    SELECT a.task_id, a.depends_on INTO bad
-      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
-     WHERE p.state = 'in_progress' AND p.dependents IS NOT TRUE
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'workflow edge % -> %: step % is running, and was claimed without dependents; add dependencies on a step before it starts',
-            bad.task_id, bad.depends_on, bad.depends_on USING ERRCODE = 'check_violation';
-    END IF;
-    -- Dependencies that finished already: settled now.
-    UPDATE "worker".task_deps AS d
-       SET outcome = p.state::text, result = CASE WHEN p.state = 'done' THEN p.result END
-      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
-     WHERE d.task_id = a.task_id AND d.depends_on = a.depends_on AND d.outcome IS NULL
-       AND p.state IN ('done', 'failed', 'cancelled');
-    UPDATE "worker".tasks AS t SET dependents = true
-     WHERE t.id = ANY(ARRAY(SELECT a.depends_on FROM added AS a))
-       AND t.state NOT IN ('done', 'failed', 'cancelled') AND t.dependents IS NOT TRUE;
-    WITH c AS (
-        SELECT a.task_id AS id,
-               count(*) FILTER (WHERE p.state NOT IN ('done', 'failed', 'cancelled'))::integer AS n,
-               min(a.depends_on) FILTER (WHERE p.state IN ('failed', 'cancelled')
-                                           AND NOT a.run_on_failure) AS blocker
-          FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
-         GROUP BY a.task_id
-    ), moved AS (
-        UPDATE "worker".tasks AS t
-           SET pending_deps = coalesce(t.pending_deps, 0) + c.n,
-               state = CASE WHEN c.blocker IS NOT NULL THEN 'cancelled'::"worker".task_state
-                            WHEN coalesce(t.pending_deps, 0) + c.n > 0 THEN 'waiting'
-                            WHEN t.state <> 'waiting' THEN t.state
-                            WHEN t.run_at > now() THEN 'scheduled'
-                            ELSE 'queued' END,
-               finished_at = CASE WHEN c.blocker IS NOT NULL THEN now() ELSE t.finished_at END,
-               cancelled_by = CASE WHEN c.blocker IS NOT NULL THEN 'workflow'
-                                   ELSE t.cancelled_by END,
-               last_error = CASE WHEN c.blocker IS NOT NULL
-                                 THEN format('DependencyFailed: step %s ended before it was added',
-                                             c.blocker)
-                                 ELSE t.last_error END,
-               inputs = CASE WHEN c.blocker IS NULL AND coalesce(t.pending_deps, 0) + c.n = 0 THEN (
-                   SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
-                     FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
-          FROM c
-         WHERE t.id = c.id
-        RETURNING t.id, t.state, t.dependents
-    )
-    SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),
-           count(*) FILTER (WHERE m.state = 'queued')::integer
-      INTO doomed, freed
-      FROM moved AS m;
-    IF cardinality(doomed) > 0 THEN
-        PERFORM "worker".settle_steps(doomed);
-    END IF;
-    IF freed > 0 THEN
-        PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
-    END IF;
+    SELECT r.tat INTO pace FROM "worker".limit_rates AS r
+     WHERE r.queue = q AND r.limit_key = '' FOR UPDATE;
+    RETURN pace;
+EXCEPTION WHEN lock_not_available THEN
     RETURN NULL;
-END;
-$$;
-
--- Name: wake_steps(text[], timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.wake_steps(queues text[], earliest timestamp with time zone) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    names text;
-BEGIN
-    IF cardinality(queues) IS NULL OR cardinality(queues) = 0 THEN
-        RETURN;
-    END IF;
-    names := array_to_string(ARRAY(SELECT DISTINCT q FROM unnest(queues) AS q LIMIT 50), ',');
-    IF octet_length(names) > 7000 OR strpos(names, chr(30)) > 0 OR earliest IS NULL
-       OR NOT isfinite(earliest)
-       OR EXISTS (SELECT 1 FROM unnest(queues) AS q WHERE strpos(q, ',') > 0) THEN
-        names := '';
-    ELSE
-        names := names || ',' || chr(30) || (extract(epoch FROM earliest) * 1000000)::bigint::text;
-    END IF;
-    PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), names);
 END;
 $$;
 
@@ -1706,7 +1301,8 @@ CREATE TABLE worker.limit_permits (
     slot integer NOT NULL,
     task_id bigint,
     attempt integer
-);
+)
+WITH (fillfactor='50');
 
 -- Name: limit_rates; Type: TABLE; Schema: worker; Owner: -
 
@@ -1796,18 +1392,6 @@ CREATE TABLE worker.stats_minutes (
     in_progress bigint DEFAULT 0 NOT NULL
 );
 
--- Name: task_deps; Type: TABLE; Schema: worker; Owner: -
-
-CREATE TABLE worker.task_deps (
-    task_id bigint NOT NULL,
-    depends_on bigint NOT NULL,
-    run_on_failure boolean DEFAULT false NOT NULL,
-    "position" integer DEFAULT 0 NOT NULL,
-    outcome text,
-    result jsonb,
-    CONSTRAINT task_deps_outcome_known CHECK ((outcome = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))
-);
-
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
 
 CREATE TABLE worker.task_routes (
@@ -1847,10 +1431,6 @@ CREATE TABLE worker.tasks (
     trace_context jsonb,
     limit_key text,
     limit_held boolean,
-    workflow_id bigint,
-    pending_deps integer,
-    dependents boolean,
-    inputs jsonb,
     CONSTRAINT tasks_attempts_not_negative CHECK ((attempts >= 0)),
     CONSTRAINT tasks_cron_pair CHECK (((cron_key IS NULL) = (cron_at IS NULL))),
     CONSTRAINT tasks_lease_iff_running CHECK (((state = 'in_progress'::worker.task_state) = (lease_expires_at IS NOT NULL))),
@@ -1885,26 +1465,6 @@ CREATE TABLE worker.workers (
     in_flight integer DEFAULT 0 NOT NULL,
     stopped_at timestamp with time zone,
     tasks text[] DEFAULT '{}'::text[] NOT NULL
-);
-
--- Name: workflows; Type: TABLE; Schema: worker; Owner: -
-
-CREATE TABLE worker.workflows (
-    id bigint NOT NULL,
-    name text DEFAULT ''::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT workflows_name_length CHECK ((char_length(name) <= 255))
-);
-
--- Name: workflows_id_seq; Type: SEQUENCE; Schema: worker; Owner: -
-
-ALTER TABLE worker.workflows ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
-    SEQUENCE NAME worker.workflows_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
 );
 
 -- Name: actions actions_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
@@ -1957,11 +1517,6 @@ ALTER TABLE ONLY worker.schema_migrations
 ALTER TABLE ONLY worker.stats_minutes
     ADD CONSTRAINT stats_minutes_pkey PRIMARY KEY (minute);
 
--- Name: task_deps task_deps_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
-
-ALTER TABLE ONLY worker.task_deps
-    ADD CONSTRAINT task_deps_pkey PRIMARY KEY (task_id, depends_on);
-
 -- Name: task_routes task_routes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
 ALTER TABLE ONLY worker.task_routes
@@ -2007,26 +1562,9 @@ ALTER TABLE worker.tasks
 ALTER TABLE ONLY worker.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
 
--- Name: workflows workflows_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
-
-ALTER TABLE ONLY worker.workflows
-    ADD CONSTRAINT workflows_pkey PRIMARY KEY (id);
-
 -- Name: actions_at_idx; Type: INDEX; Schema: worker; Owner: -
 
 CREATE INDEX actions_at_idx ON worker.actions USING btree (at);
-
--- Name: limit_permits_free_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX limit_permits_free_idx ON worker.limit_permits USING btree (queue, limit_key, slot) WHERE (task_id IS NULL);
-
--- Name: limit_permits_task_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX limit_permits_task_idx ON worker.limit_permits USING btree (task_id) WHERE (task_id IS NOT NULL);
-
--- Name: task_deps_depends_on_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX task_deps_depends_on_idx ON worker.task_deps USING btree (depends_on);
 
 -- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
 
@@ -2076,25 +1614,9 @@ CREATE INDEX tasks_scheduled_idx ON worker.tasks USING btree (run_at) WHERE (sta
 
 CREATE INDEX tasks_scheduled_queue_idx ON worker.tasks USING btree (queue, run_at) WHERE (state = 'scheduled'::worker.task_state);
 
--- Name: tasks_unsettled_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX tasks_unsettled_idx ON worker.tasks USING btree (id) WHERE (dependents AND (state = ANY (ARRAY['done'::worker.task_state, 'failed'::worker.task_state, 'cancelled'::worker.task_state])));
-
--- Name: tasks_waiting_free_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX tasks_waiting_free_idx ON worker.tasks USING btree (id) WHERE ((state = 'waiting'::worker.task_state) AND (COALESCE(pending_deps, 0) <= 0));
-
--- Name: tasks_workflow_idx; Type: INDEX; Schema: worker; Owner: -
-
-CREATE INDEX tasks_workflow_idx ON worker.tasks USING btree (workflow_id, id) WHERE (workflow_id IS NOT NULL);
-
 -- Name: tasks_queue_state; Type: STATISTICS; Schema: worker; Owner: -
 
 CREATE STATISTICS worker.tasks_queue_state (mcv) ON queue, state FROM worker.tasks;
-
--- Name: task_deps task_deps_added; Type: TRIGGER; Schema: worker; Owner: -
-
-CREATE TRIGGER task_deps_added AFTER INSERT ON worker.task_deps REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION worker.task_deps_added();
 
 -- Name: tasks tasks_before_insert; Type: TRIGGER; Schema: worker; Owner: -
 

@@ -119,6 +119,38 @@ def test_vacuum_removes_dead_rows_and_backs_off_when_the_horizon_is_held(
     assert vac.tick(conn, 10_000) == 0  # nothing left worth a vacuum
 
 
+def test_a_vacuum_left_to_another_one_running_is_no_sign_of_a_held_horizon(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While another vacuum has the table (autovacuum's; here a session holding the same lock),
+    the worker's own VACUUM (SKIP_LOCKED) skips it. That skip is not a vacuum that removed
+    nothing: no warning about a held horizon, no back-off, and the next look vacuums at once."""
+    q = every_statement(schema)
+    vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0))
+    worker.enqueue_many(conn, "t", ({"n": i} for i in range(5000)), schema=schema)
+    conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
+
+    def dead() -> int:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+            (f"{schema}.tasks",),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_until(lambda: dead() >= 4000, timeout=10)
+    with psycopg.connect(pg_dsn) as other:
+        # The lock a running vacuum holds on its table.
+        other.execute(f"LOCK TABLE {schema}.tasks IN SHARE UPDATE EXCLUSIVE MODE")
+        with caplog.at_level(logging.DEBUG, logger="worker"):
+            assert vac.tick(conn, 10_000) == 0
+        other.rollback()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "left to the one running" in caplog.text
+    assert vac.tick(conn, 10_000) >= 4000  # no back-off: the next look vacuums
+    assert dead() < 1000
+
+
 def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
     pg_dsn: str, conn: psycopg.Connection, schema: str
 ) -> None:

@@ -7,7 +7,8 @@ between its visits the table and its indexes grow by hundreds of thousands of de
 every scan then walks. This service, run by the maintenance thread of every worker (one at a time
 across the fleet, by an advisory lock), vacuums the table itself when it holds many dead rows and
 nobody vacuumed it recently. A vacuum that frees little (a long transaction elsewhere holds the
-xmin horizon back) makes it wait longer before the next try.
+xmin horizon back) makes it wait longer before the next try; a vacuum that did not run because
+another (autovacuum's) had the table is no such sign, and the next check simply comes as usual.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import psycopg
 from ..db.sql import Queries
 
 log = logging.getLogger("worker")
+
+# The SQLSTATE of VACUUM (SKIP_LOCKED)'s warning that it skipped a table another vacuum holds.
+LOCK_NOT_AVAILABLE = "55P03"
 
 # Advisory lock class for "vacuuming this schema's task table" (see db.migrate for the scheme).
 VACUUM_LOCK_CLASS = 0x776B7202 - 2**31
@@ -60,8 +64,8 @@ class Vacuumer:
         row = conn.execute(self.q["vacuum_state"], {"table": self._table}).fetchone()
         if row is None:
             return 0
-        dead, since, allowed = int(row[0] or 0), row[1], bool(row[2])
-        if dead < cfg.min_dead or (since is not None and since < cfg.min_gap_seconds):
+        dead, since, allowed, running = int(row[0] or 0), row[1], bool(row[2]), bool(row[3])
+        if dead < cfg.min_dead or (since is not None and since < cfg.min_gap_seconds) or running:
             return 0
         if not allowed:
             self._disabled = True
@@ -81,14 +85,26 @@ class Vacuumer:
         got = conn.execute(self.q["vacuum_try_lock"], lock).fetchone()
         if not got or not got[0]:
             return 0
+        skipped: list[str] = []
+
+        def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+            if diag.sqlstate == LOCK_NOT_AVAILABLE:  # "skipping vacuum of ...": it was busy
+                skipped.append(diag.message_primary or "")
+
+        conn.add_notice_handler(on_notice)
         try:
             conn.execute(self.q["session_statement_timeout"], {"ms": str(cfg.timeout_ms)})
             started = time.monotonic()
             conn.execute(self.q["vacuum_tasks"], prepare=False)
             took = time.monotonic() - started
         finally:
+            conn.remove_notice_handler(on_notice)
             conn.execute(self.q["session_statement_timeout"], {"ms": str(restore_timeout_ms)})
             conn.execute(self.q["vacuum_unlock"], lock)
+        if skipped:
+            # Another vacuum (autovacuum's) had the table: it removes what ours would have.
+            log.debug("the task table's vacuum was left to the one running: %s", skipped[0])
+            return 0
         after = conn.execute(self.q["vacuum_state"], {"table": self._table}).fetchone()
         left = int(after[0] or 0) if after else 0
         removed = max(dead - left, 0)

@@ -2,11 +2,13 @@
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: vacuum_state
--- Dead row versions in the task table, seconds since it was last vacuumed (by anyone), and
--- whether this role may vacuum it (only the owner, or a member of the owning role, may).
+-- Dead row versions in the task table, seconds since it was last vacuumed (by anyone), whether
+-- this role may vacuum it (only the owner, or a member of the owning role, may), and whether a
+-- vacuum of it runs now (autovacuum's, seen where this role may read its progress).
 SELECT s.n_dead_tup::bigint AS dead,
        extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 AS since,
-       pg_has_role(c.relowner, 'MEMBER') AS allowed
+       pg_has_role(c.relowner, 'MEMBER') AS allowed,
+       EXISTS (SELECT 1 FROM pg_stat_progress_vacuum AS v WHERE v.relid = s.relid) AS running
   FROM pg_stat_user_tables AS s
   JOIN pg_class AS c ON c.oid = s.relid
  WHERE s.relid = to_regclass(%(table)s);

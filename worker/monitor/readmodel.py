@@ -82,7 +82,7 @@ class Snapshot:
     paused: list[str] = field(default_factory=list)
     # Limited queues (schema/0014) with their counts, at most PAUSED_LISTED of them.
     limits: list[QueueLimits] = field(default_factory=list)
-    # Workflows (schema/0021) with steps not finished: {"steps": {state: n}, "workflows": n}.
+    # Workflows (schema/0022) with steps not finished: {"steps": {state: n}, "workflows": n}.
     workflows: dict[str, Any] = field(default_factory=dict)
 
     def age(self) -> float:

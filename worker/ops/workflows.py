@@ -1,6 +1,6 @@
 """What operators read of workflows: one workflow with its steps (``worker status --workflow``,
 the console's workflow page) and the counts the metrics show. Cancelling a workflow is
-``cancel_workflow`` in SQL (schema/0021), through ``store.cancel_workflow``."""
+``cancel_workflow`` in SQL (schema/0022), through ``store.cancel_workflow``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
--- What operators read of workflows (schema/0021): one workflow's steps, and the counts the
+-- What operators read of workflows (schema/0022): one workflow's steps, and the counts the
 -- metrics show. Each block starts with `-- name: NAME`; {schema} is the quoted schema name.
 
 -- name: workflow_get

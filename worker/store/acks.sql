@@ -20,11 +20,7 @@ WITH acked AS (
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-    RETURNING t.id, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.state::text AS state
 )
 SELECT id, state FROM acked;
 
@@ -60,11 +56,7 @@ WITH acked AS (
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-    RETURNING t.id, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.state::text AS state
 )
 SELECT id, state FROM acked;
 
@@ -82,11 +74,7 @@ WITH acked AS (
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
        AND t.cron_key IS NULL
        AND t.cancel_requested_at IS NULL
-    RETURNING t.id, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id
 )
 SELECT id FROM acked;
 
@@ -125,11 +113,7 @@ WITH acked AS (
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-    RETURNING t.id, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.state::text AS state
 )
 SELECT id, state FROM acked;
 
@@ -163,11 +147,7 @@ WITH acked AS (
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-    RETURNING t.id, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.state::text AS state
 )
 SELECT id, state FROM acked;
 
@@ -192,11 +172,7 @@ WITH acked AS (
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-    RETURNING t.id, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.state::text AS state
 )
 SELECT id, state FROM acked;
 
@@ -243,7 +219,7 @@ SELECT r.id, r.attempts, true AS cancel
  WHERE r.cancel;
 
 -- name: settle_steps
--- Workflows (schema/0021): the steps of this batch that others wait for, once acknowledged above
+-- Workflows (schema/0022): the steps of this batch that others wait for, once acknowledged above
 -- in the same transaction. Their outcome (and result) goes on their edges, each dependent's count
 -- of unfinished dependencies drops by the number settled now, and a dependent whose count
 -- reaches 0 becomes runnable (its workers are woken at the commit); a dependent of a step that

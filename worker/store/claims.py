@@ -59,7 +59,7 @@ class Claimed:
     # The monotonic time after which it must not start any more: a start later than this could
     # crowd a window with the next starts of the pace (inf: no pace).
     not_after: float = math.inf
-    # Workflows (schema/0021): others wait for this step (its acknowledgement settles them), the
+    # Workflows (schema/0022): others wait for this step (its acknowledgement settles them), the
     # results of the steps it waited for (JSON text of a list, or None), and its workflow's id.
     dependents: bool = False
     inputs: str | None = None

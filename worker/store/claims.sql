@@ -127,6 +127,12 @@ WITH asked AS (
     SELECT * FROM {schema}.claim_limited_batch(
         ARRAY(SELECT name FROM asked WHERE limited),
         %(limit)s - (SELECT count(*) FROM picked)::integer, %(lookahead)s)
+), lim AS (
+    -- The limited rows as two arrays, read once: a per-row look-up in the CTE would compare each
+    -- row with every other (batch x batch). NULL when no limited row was taken, so that the
+    -- unlimited rows below pay nothing for it.
+    SELECT array_agg(l.id) AS ids, array_agg(l.start_at) AS starts
+      FROM limited AS l WHERE l.id IS NOT NULL
 ), moved AS (
     UPDATE {schema}.tasks AS t
        SET state = 'in_progress',
@@ -142,17 +148,15 @@ WITH asked AS (
                  WHERE h.task = t.task)),
            worker_id = %(worker_id)s,
            -- A rate limit's pace: the moment the row may start, when later than now.
-           started_at = CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
-                             THEN coalesce((SELECT l.start_at FROM limited AS l
-                                             WHERE l.id = t.id), now())
-                             ELSE now() END,
-           limit_held = CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
+           started_at = coalesce(((SELECT starts FROM lim))[array_position((SELECT ids FROM lim),
+                                                                           t.id)],
+                                 now()),
+           limit_held = CASE WHEN array_position((SELECT ids FROM lim), t.id) IS NOT NULL
                              THEN true END,
            lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
     -- = ANY(ARRAY(...)) makes the planner fetch the taken rows by primary key; a join against
     -- the CTEs may be planned as a hash join over a scan of the whole table.
-     WHERE t.id = ANY(ARRAY(SELECT id FROM picked)
-                      || ARRAY(SELECT id FROM limited WHERE id IS NOT NULL))
+     WHERE t.id = ANY(ARRAY(SELECT id FROM picked) || (SELECT ids FROM lim))
     -- The payload comes back as text: the worker decodes it per task, outside this transaction,
     -- so a payload the driver cannot decode (nested thousands deep, a number of thousands of
     -- digits) fails its own task instead of this claim. Times the driver cannot represent (rows
@@ -173,13 +177,12 @@ WITH asked AS (
               -- 3% of the shortest period of the queue's rates (the pace leaves 5%: the rest is
               -- for the delays between this statement and the handler's call the worker cannot
               -- measure, such as this row's way back and a busy machine's scheduling).
-              CASE WHEN t.queue = ANY(ARRAY(SELECT name FROM asked WHERE limited))
-                        AND EXISTS (SELECT 1 FROM limited AS l
-                                     WHERE l.id = t.id AND l.start_at IS NOT NULL)
+              CASE WHEN ((SELECT starts FROM lim))[array_position((SELECT ids FROM lim), t.id)]
+                        IS NOT NULL
                    THEN extract(epoch FROM t.started_at - clock_timestamp())::float8
               END AS start_in,
               t.limit_held,
-              -- Workflows (schema/0021): whether others wait for this step (its acknowledgement
+              -- Workflows (schema/0022): whether others wait for this step (its acknowledgement
               -- then settles them), the results of the steps it waited for, and its workflow.
               t.dependents IS TRUE AS dependents, t.inputs::text AS inputs, t.workflow_id
 )

@@ -99,13 +99,13 @@ FROM STDIN;
 SELECT now() + make_interval(secs => %(delay)s) AS run_at;
 
 -- name: workflow_create
--- A workflow's row (schema/0021); its steps follow in the same transaction.
+-- A workflow's row (schema/0022); its steps follow in the same transaction.
 INSERT INTO {schema}.workflows (name) VALUES (%(name)s) RETURNING id;
 
 -- name: workflow_ids
 -- Ids for a workflow's steps, taken from the tasks' own sequence before they are copied in, so
 -- that the edges can name them; ascending, and given to the steps in dependency order, so every
--- dependency has a lower id than its dependents (schema/0021 requires it).
+-- dependency has a lower id than its dependents (schema/0022 requires it).
 SELECT nextval(pg_get_serial_sequence('{schema}.tasks', 'id')) AS id
   FROM generate_series(1, %(n)s) ORDER BY 1;
 
@@ -117,5 +117,5 @@ COPY {schema}.tasks (id, task, payload, queue, priority, max_attempts, limit_key
 FROM STDIN;
 
 -- name: workflow_copy_edges
--- Its edges, checked and counted by their trigger (schema/0021, task_deps_added), one statement.
+-- Its edges, checked and counted by their trigger (schema/0022, task_deps_added), one statement.
 COPY {schema}.task_deps (task_id, depends_on, run_on_failure, position) FROM STDIN;

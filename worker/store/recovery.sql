@@ -35,11 +35,7 @@ WITH acked AS (
      WHERE t.id = d.id
        AND t.state = 'in_progress'
        AND t.worker_id = %(worker_id)s
-    RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+    RETURNING t.id, t.queue, t.task, t.state::text AS state
 ), gone AS (
     -- Its row in the registry: stopped, nothing in flight (status and the gauges then stop
     -- counting it; a process that stopped cleanly said so itself).
@@ -91,11 +87,7 @@ UPDATE {schema}.tasks AS t
        lease_expires_at = NULL
 -- See claim: primary-key look-ups, never a scan of the table.
  WHERE t.id = ANY(ARRAY(SELECT id FROM expired))
-RETURNING t.id, t.queue, t.task, t.state::text AS state, t.limit_held
-), freed AS (
-    -- Their permits (limit_held: claimed under a concurrency limit) are free again.
-    UPDATE {schema}.limit_permits AS p SET task_id = NULL, attempt = NULL
-     WHERE p.task_id = ANY(ARRAY(SELECT k.id FROM acked AS k WHERE k.limit_held))
+RETURNING t.id, t.queue, t.task, t.state::text AS state
 ), gone AS (
     -- A worker whose heartbeat (which renews every lease it holds) has not come since the first
     -- of these leases ran out is dead, hung or cut off: its row in the registry says it stopped
@@ -149,7 +141,7 @@ DELETE FROM {schema}.tasks
  ));
 
 -- name: settle_missed
--- Workflows (schema/0021): steps that finished without an acknowledgement that settled their
+-- Workflows (schema/0022): steps that finished without an acknowledgement that settled their
 -- dependents (a rescue or a supervisor's hand-back that failed them for good, an SQL update), and
 -- waiting steps with nothing left to wait for, at most %(limit)s of each. Two probes of partial
 -- indexes that are empty unless workflows need it; SKIP LOCKED, no leader.

@@ -54,7 +54,7 @@ def enqueue_workflow(target: Target, flow: Workflow, *, schema: str = "worker") 
                 workflow_id, ids = store.insert_workflow(
                     conn, schema, name=flow.name, steps=rows, edges=edges
                 )
-        except psycopg.errors.IntegrityError as exc:  # the edges' checks (schema/0021)
+        except psycopg.errors.IntegrityError as exc:  # the edges' checks (schema/0022)
             raise WorkflowError(_first_line(exc)) from None
     return EnqueuedWorkflow(workflow_id, {s: ids[place[s]] for s in flow.steps})
 

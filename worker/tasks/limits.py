@@ -5,8 +5,9 @@ the fleet. Code declares them (``worker.limit(...)`` or ``@worker.task(limits=..
 worker writes its declarations when it starts; an operator changes them at run time (``worker
 limits set``, or ``set_queue_limit()`` in SQL), and code then leaves the operator's setting alone.
 
-Every claim honours them (the store's claim, schema/0017): concurrency limits are permits taken
-by the claim and given back by the acknowledgement; rate limits pace the starts, spaced evenly
+Every claim honours them (the store's claim, schema/0017 and 0020): concurrency limits are
+permits taken by the claim, free again once their task's attempt ends; rate limits pace the
+starts, spaced evenly
 with up to ``burst`` at once. This module only declares, records and lists limits, and turns a
 task's payload into its key.
 """

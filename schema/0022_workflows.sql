@@ -1,8 +1,8 @@
--- 0021: workflows: steps that wait for other steps (chains, fan-out and fan-in, graphs).
+-- 0022: workflows: steps that wait for other steps (chains, fan-out and fan-in, graphs).
 --
 -- A workflow is a row of `workflows` and its steps are ordinary task rows carrying its id
 -- (`tasks.workflow_id`). A dependency is a row of `task_deps`: `task_id` waits for `depends_on`.
--- A step with unfinished dependencies is 'waiting' (0020), with their number in
+-- A step with unfinished dependencies is 'waiting' (0021), with their number in
 -- `tasks.pending_deps`. A step that others depend on has `tasks.dependents` true: the worker reads
 -- it when it claims the row, and only the acknowledgement of such rows runs `settle_steps`, in the
 -- same transaction, which

@@ -1,4 +1,4 @@
-"""The worker's schema at version 20 (schema/0020_waiting_state.sql)."""
+"""The worker's schema at version 22 (schema/0022_workflows.sql)."""
 
 from django.db import migrations
 
@@ -7,5 +7,5 @@ from ..schema import ApplyWorkerSchema
 
 class Migration(migrations.Migration):
     atomic = False  # the worker's migrator commits each version on its own
-    dependencies = [("worker_django", "0019_operator_checks")]
-    operations = [ApplyWorkerSchema(20)]
+    dependencies = [("worker_django", "0021_waiting_state")]
+    operations = [ApplyWorkerSchema(22)]

@@ -1,4 +1,4 @@
-"""The worker's schema at version 21 (schema/0021_workflows.sql)."""
+"""The worker's schema at version 20 (schema/0020_permits_by_claim.sql)."""
 
 from django.db import migrations
 
@@ -7,5 +7,5 @@ from ..schema import ApplyWorkerSchema
 
 class Migration(migrations.Migration):
     atomic = False  # the worker's migrator commits each version on its own
-    dependencies = [("worker_django", "0020_waiting_state")]
-    operations = [ApplyWorkerSchema(21)]
+    dependencies = [("worker_django", "0019_operator_checks")]
+    operations = [ApplyWorkerSchema(20)]
