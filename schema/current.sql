@@ -9,6 +9,7 @@ CREATE SCHEMA worker;
 -- Name: task_state; Type: TYPE; Schema: worker; Owner: -
 
 CREATE TYPE worker.task_state AS ENUM (
+    'waiting',
     'scheduled',
     'queued',
     'in_progress',
@@ -473,7 +474,7 @@ BEGIN
             UPDATE "worker".tasks AS t
                SET state = 'cancelled', finished_at = now(),
                    cancel_requested_at = now(), cancelled_by = who
-             WHERE t.id = ANY(cancel_tasks.ids) AND t.state IN ('scheduled', 'queued')
+             WHERE t.id = ANY(cancel_tasks.ids) AND t.state IN ('waiting', 'scheduled', 'queued')
             RETURNING t.id
         )
         SELECT coalesce(array_agg(moved.id), '{}') INTO got FROM moved;
@@ -493,9 +494,11 @@ BEGIN
         EXIT WHEN NOT EXISTS (
             SELECT 1 FROM "worker".tasks AS t
              WHERE t.id = ANY(cancel_tasks.ids)
-               AND (t.state IN ('scheduled', 'queued')
+               AND (t.state IN ('waiting', 'scheduled', 'queued')
                     OR (t.state = 'in_progress' AND t.cancel_requested_at IS NULL)));
     END LOOP;
+    -- Steps of workflows cancelled here: their dependents are cancelled too (schema/0021).
+    PERFORM "worker".settle_steps(ended);
     IF cardinality(asked) > 0 THEN
         -- The channel carries the schema's own name (as the insert trigger's does); the payload
         -- lists the ids, or is empty when they would not fit ("check every task you hold").
@@ -517,6 +520,21 @@ BEGIN
       LEFT JOIN "worker".tasks AS t ON t.id = i.id
      ORDER BY i.n;
 END;
+$$;
+
+-- Name: cancel_workflow(bigint, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.cancel_workflow(workflow_id bigint, by text DEFAULT CURRENT_USER) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    SELECT count(*)::integer
+      FROM "worker".cancel_tasks(
+               ARRAY(SELECT t.id FROM "worker".tasks AS t
+                      WHERE t.workflow_id = cancel_workflow.workflow_id
+                        AND t.state IN ('waiting', 'scheduled', 'queued', 'in_progress')
+                      ORDER BY t.id),
+               cancel_workflow.by) AS c
+     WHERE c.outcome IN ('cancelled', 'requested');
 $$;
 
 -- Name: claim_limited_batch(text[], integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
@@ -822,6 +840,80 @@ BEGIN
 END;
 $$;
 
+-- Name: create_workflow(jsonb, text); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.create_workflow(steps jsonb, name text DEFAULT ''::text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    wf      bigint;
+    keys    jsonb := '{}';
+    s       jsonb;
+    dep     jsonb;
+    k       text;
+    ref     text;
+    new_id  bigint;
+    i       integer := 0;
+    pos     integer;
+    deps    jsonb;
+BEGIN
+    IF steps IS NULL OR jsonb_typeof(steps) <> 'array' OR jsonb_array_length(steps) = 0 THEN
+        RAISE EXCEPTION 'create_workflow: steps must be a non-empty JSON array of steps'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO "worker".workflows (name) VALUES (left(coalesce(name, ''), 255)) RETURNING id INTO wf;
+    FOR s IN SELECT x FROM jsonb_array_elements(steps) AS x LOOP
+        i := i + 1;
+        IF jsonb_typeof(s) <> 'object' OR jsonb_typeof(s -> 'task') IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION 'create_workflow: step % must be an object with a "task"', i
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        k := coalesce(s ->> 'key', i::text);
+        IF keys ? k THEN
+            RAISE EXCEPTION 'create_workflow: two steps have the key %', quote_literal(k)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        deps := coalesce(s -> 'depends_on', '[]');
+        IF jsonb_typeof(deps) <> 'array' THEN
+            RAISE EXCEPTION 'create_workflow: "depends_on" of step % must be an array', quote_literal(k)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        INSERT INTO "worker".tasks AS t
+               (task, payload, queue, priority, max_attempts, run_at, workflow_id, state)
+        VALUES (s ->> 'task', coalesce(s -> 'payload', '{}'), s ->> 'queue',
+                coalesce((s ->> 'priority')::integer, 0), (s ->> 'max_attempts')::integer,
+                coalesce((s ->> 'run_at')::timestamptz, now()), wf,
+                CASE WHEN jsonb_array_length(deps) > 0 THEN 'waiting'::"worker".task_state
+                     ELSE 'queued' END)
+        RETURNING t.id INTO new_id;
+        pos := 0;
+        FOR dep IN SELECT x FROM jsonb_array_elements(deps) AS x LOOP
+            ref := CASE jsonb_typeof(dep) WHEN 'string' THEN dep #>> '{}'
+                                          WHEN 'number' THEN dep #>> '{}'
+                                          WHEN 'object' THEN dep ->> 'step' END;
+            IF ref = k THEN
+                RAISE EXCEPTION 'create_workflow: step % depends on itself', quote_literal(k)
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            IF ref IS NULL OR NOT keys ? ref THEN
+                RAISE EXCEPTION 'create_workflow: step % depends on %, which is not listed before it (list each step after the steps it depends on)',
+                    quote_literal(k), coalesce(quote_literal(ref), 'nothing')
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            INSERT INTO "worker".task_deps (task_id, depends_on, run_on_failure, position)
+            VALUES (new_id, (keys ->> ref)::bigint,
+                    coalesce(jsonb_typeof(dep) = 'object' AND (dep ->> 'run_on_failure')::boolean,
+                             false),
+                    pos);
+            pos := pos + 1;
+        END LOOP;
+        keys := keys || jsonb_build_object(k, new_id);
+    END LOOP;
+    RETURN wf;
+END;
+$$;
+
 -- Name: enqueue(text, jsonb, text, timestamp with time zone, integer, integer, text, jsonb); Type: FUNCTION; Schema: worker; Owner: -
 
 CREATE FUNCTION worker.enqueue(task text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT NULL::text, run_at timestamp with time zone DEFAULT now(), priority integer DEFAULT 0, max_attempts integer DEFAULT NULL::integer, dedupe_key text DEFAULT NULL::text, trace_context jsonb DEFAULT NULL::jsonb) RETURNS bigint
@@ -1044,6 +1136,8 @@ BEGIN
         END;
     END LOOP;
     IF NOT dry_run AND cardinality(requeued) > 0 THEN
+        -- Steps of workflows take up their workflow again (schema/0021).
+        PERFORM "worker".resume_steps(requeued);
         PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
     END IF;
     RETURN NEXT;
@@ -1066,6 +1160,58 @@ BEGIN
        FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
       WHERE c.oid = '"worker".tasks'::regclass;
     RETURN true;
+END;
+$$;
+
+-- Name: resume_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.resume_steps(ids bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    frontier bigint[] := ids;
+    children bigint[];
+BEGIN
+    WITH c AS (
+        SELECT d.task_id AS id, count(*) FILTER (WHERE d.outcome IS NULL)::integer AS n
+          FROM "worker".task_deps AS d WHERE d.task_id = ANY(ids) GROUP BY d.task_id
+    )
+    UPDATE "worker".tasks AS t
+       SET pending_deps = c.n,
+           state = CASE WHEN c.n > 0 THEN 'waiting'::"worker".task_state ELSE t.state END,
+           inputs = CASE WHEN c.n = 0 THEN (
+               SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
+                 FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
+      FROM c
+     WHERE t.id = c.id AND t.state = 'queued';
+    WHILE cardinality(frontier) > 0 LOOP
+        WITH e AS (
+            UPDATE "worker".task_deps AS d SET outcome = NULL, result = NULL
+              FROM "worker".tasks AS c
+             WHERE d.depends_on = ANY(frontier) AND d.outcome IS NOT NULL
+               AND c.id = d.task_id AND c.state = 'cancelled' AND c.cancelled_by = 'workflow'
+            RETURNING d.task_id, d.depends_on
+        ), armed AS (
+            UPDATE "worker".tasks AS t SET dependents = true
+             WHERE t.id = ANY(ARRAY(SELECT e.depends_on FROM e))
+        )
+        SELECT coalesce(array_agg(DISTINCT e.task_id), '{}') INTO children FROM e;
+        WITH c AS (
+            SELECT d.task_id AS id, count(*) FILTER (WHERE d.outcome IS NULL)::integer AS n,
+                   coalesce(bool_or(d.outcome IN ('failed', 'cancelled') AND NOT d.run_on_failure),
+                            false) AS doomed
+              FROM "worker".task_deps AS d WHERE d.task_id = ANY(children) GROUP BY d.task_id
+        ), back AS (
+            UPDATE "worker".tasks AS t
+               SET state = 'waiting', pending_deps = c.n, finished_at = NULL, inputs = NULL,
+                   cancelled_by = NULL, cancel_requested_at = NULL, last_error = NULL
+              FROM c
+             WHERE t.id = c.id AND NOT c.doomed
+               AND t.state = 'cancelled' AND t.cancelled_by = 'workflow'
+            RETURNING t.id
+        )
+        SELECT coalesce(array_agg(b.id), '{}') INTO frontier FROM back AS b;
+    END LOOP;
 END;
 $$;
 
@@ -1151,6 +1297,139 @@ BEGIN
     changed := FOUND;
     PERFORM "worker".sync_limit_permits(queue);
     RETURN changed;
+END;
+$$;
+
+-- Name: settle_missed(integer); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.settle_missed(batch integer DEFAULT 1000) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    n        integer;
+    freed    integer;
+    queues   text[];
+    earliest timestamptz;
+BEGIN
+    n := "worker".settle_steps(ARRAY(
+        SELECT t.id FROM "worker".tasks AS t
+         WHERE t.dependents AND t.state IN ('done', 'failed', 'cancelled')
+         ORDER BY t.id LIMIT batch
+           FOR UPDATE SKIP LOCKED));
+    WITH free AS (
+        SELECT t.id FROM "worker".tasks AS t
+         WHERE t.state = 'waiting' AND coalesce(t.pending_deps, 0) <= 0
+         ORDER BY t.id LIMIT batch
+           FOR UPDATE SKIP LOCKED
+    ), counted AS (
+        SELECT f.id, (SELECT count(*) FROM "worker".task_deps AS d
+                       WHERE d.task_id = f.id AND d.outcome IS NULL)::integer AS pending
+          FROM free AS f
+    ), moved AS (
+        UPDATE "worker".tasks AS t
+           SET pending_deps = c.pending,
+               state = CASE WHEN c.pending > 0 THEN 'waiting'::"worker".task_state
+                            WHEN t.run_at > now() THEN 'scheduled' ELSE 'queued' END,
+               run_at = CASE WHEN c.pending > 0 THEN t.run_at ELSE greatest(t.run_at, now()) END,
+               inputs = CASE WHEN c.pending = 0 THEN (
+                   SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
+                     FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
+          FROM counted AS c
+         WHERE t.id = c.id
+        RETURNING t.state, t.queue, t.run_at
+    )
+    SELECT count(*) FILTER (WHERE m.state = 'queued')::integer,
+           coalesce(array_agg(m.queue) FILTER (WHERE m.state = 'queued'), '{}'),
+           min(m.run_at) FILTER (WHERE m.state = 'queued')
+      INTO freed, queues, earliest
+      FROM moved AS m;
+    PERFORM "worker".wake_steps(queues, earliest);
+    RETURN n + freed;
+END;
+$$;
+
+-- Name: settle_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.settle_steps(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    parents  bigint[] := ids;
+    released integer := 0;
+    n        integer;
+    woken    text[] := '{}';
+    earliest timestamptz;
+    first_at timestamptz;
+    queues   text[];
+BEGIN
+    WHILE cardinality(parents) > 0 LOOP
+        WITH p AS (
+            UPDATE "worker".tasks AS t SET dependents = false
+             WHERE t.id = ANY(parents) AND t.dependents
+               AND t.state IN ('done', 'failed', 'cancelled')
+            RETURNING t.id, t.state::text AS state, t.result, t.task
+        ), e AS (
+            UPDATE "worker".task_deps AS d
+               SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END
+              FROM p
+             WHERE d.depends_on = p.id AND d.outcome IS NULL
+            RETURNING d.task_id, d.depends_on, d.position, d.run_on_failure, d.outcome, d.result,
+                      p.task
+        ), c AS (
+            SELECT e.task_id AS id, count(*)::integer AS n,
+                   min(e.depends_on) FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure)
+                       AS blocker
+              FROM e GROUP BY e.task_id
+        ), locked AS (
+            -- In id order: the acknowledgements of other workers settle the same joins.
+            SELECT t.id FROM "worker".tasks AS t
+             WHERE t.id = ANY(ARRAY(SELECT c.id FROM c))
+             ORDER BY t.id
+               FOR UPDATE
+        ), moved AS (
+            UPDATE "worker".tasks AS t
+               SET pending_deps = t.pending_deps - c.n,
+                   state = CASE WHEN c.blocker IS NOT NULL THEN 'cancelled'::"worker".task_state
+                                WHEN t.pending_deps - c.n > 0 THEN 'waiting'
+                                WHEN t.run_at > now() THEN 'scheduled'
+                                ELSE 'queued' END,
+                   run_at = CASE WHEN c.blocker IS NULL AND t.pending_deps - c.n <= 0
+                                 THEN greatest(t.run_at, now()) ELSE t.run_at END,
+                   finished_at = CASE WHEN c.blocker IS NOT NULL THEN now() END,
+                   cancelled_by = CASE WHEN c.blocker IS NOT NULL THEN 'workflow'
+                                       ELSE t.cancelled_by END,
+                   last_error = CASE WHEN c.blocker IS NOT NULL
+                                     THEN (SELECT format('DependencyFailed: step %s (%s) ended %s',
+                                                         e.depends_on, left(e.task, 100), e.outcome)
+                                             FROM e WHERE e.task_id = t.id
+                                              AND e.depends_on = c.blocker)
+                                     ELSE t.last_error END,
+                   -- The results of every dependency, in edge order: those settled before from
+                   -- the table, those settled by this statement from `e` (a statement does not
+                   -- see its own updates).
+                   inputs = CASE WHEN c.blocker IS NULL AND t.pending_deps - c.n <= 0 THEN (
+                       SELECT jsonb_agg(CASE WHEN x.task_id IS NULL THEN d.result ELSE x.result END
+                                        ORDER BY d.position, d.depends_on)
+                         FROM "worker".task_deps AS d
+                         LEFT JOIN e AS x ON x.task_id = d.task_id AND x.depends_on = d.depends_on
+                        WHERE d.task_id = t.id) END
+              FROM c
+             WHERE t.id = c.id AND t.id = ANY(ARRAY(SELECT l.id FROM locked AS l))
+               AND t.state = 'waiting'
+            RETURNING t.id, t.state, t.queue, t.run_at, t.dependents
+        )
+        SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),
+               count(*) FILTER (WHERE m.state = 'queued')::integer,
+               coalesce(array_agg(m.queue) FILTER (WHERE m.state = 'queued'), '{}'),
+               min(m.run_at) FILTER (WHERE m.state = 'queued')
+          INTO parents, n, queues, first_at
+          FROM moved AS m;
+        released := released + n;
+        woken := woken || queues;
+        earliest := least(earliest, first_at);
+    END LOOP;
+    PERFORM "worker".wake_steps(woken, earliest);
+    RETURN released;
 END;
 $$;
 
@@ -1267,6 +1546,152 @@ BEGIN
     RETURN pace;
 EXCEPTION WHEN lock_not_available THEN
     RETURN NULL;
+END;
+$$;
+
+-- Name: task_deps_added(); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.task_deps_added() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    bad      record;
+    doomed   bigint[];
+    freed    integer;
+BEGIN
+    SELECT a.task_id INTO bad FROM added AS a WHERE a.task_id = a.depends_on LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'workflow step % cannot depend on itself', bad.task_id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    SELECT a.task_id, a.depends_on, c.id IS NULL AS no_step INTO bad
+      FROM added AS a
+      LEFT JOIN "worker".tasks AS c ON c.id = a.task_id
+      LEFT JOIN "worker".tasks AS p ON p.id = a.depends_on
+     WHERE c.id IS NULL OR p.id IS NULL
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'workflow edge % -> %: task % does not exist', bad.task_id, bad.depends_on,
+            CASE WHEN bad.no_step THEN bad.task_id ELSE bad.depends_on END
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    SELECT a.task_id, a.depends_on, c.workflow_id AS c_wf, p.workflow_id AS p_wf INTO bad
+      FROM added AS a
+      JOIN "worker".tasks AS c ON c.id = a.task_id
+      JOIN "worker".tasks AS p ON p.id = a.depends_on
+     WHERE c.workflow_id IS NULL OR p.workflow_id IS DISTINCT FROM c.workflow_id
+     LIMIT 1;
+    IF FOUND THEN
+        IF bad.c_wf IS NULL THEN
+            RAISE EXCEPTION 'workflow edge % -> %: task % is not a workflow step (its workflow_id is NULL)',
+                bad.task_id, bad.depends_on, bad.task_id USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'workflow edge % -> %: step % of workflow % cannot depend on task % of %',
+            bad.task_id, bad.depends_on, bad.task_id, bad.c_wf, bad.depends_on,
+            coalesce('workflow ' || bad.p_wf, 'no workflow') USING ERRCODE = 'check_violation';
+    END IF;
+    SELECT a.task_id, a.depends_on INTO bad FROM added AS a WHERE a.depends_on > a.task_id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'workflow edge % -> %: a step depends only on steps inserted before it (a lower id), which keeps a workflow free of cycles',
+            bad.task_id, bad.depends_on USING ERRCODE = 'check_violation';
+    END IF;
+    -- Dependencies first, then the steps that wait, each in id order (as settle_steps locks).
+    PERFORM 1 FROM "worker".tasks AS t
+     WHERE t.id = ANY(ARRAY(SELECT a.depends_on FROM added AS a)) ORDER BY t.id FOR UPDATE;
+    PERFORM 1 FROM "worker".tasks AS t
+     WHERE t.id = ANY(ARRAY(SELECT a.task_id FROM added AS a)) ORDER BY t.id FOR UPDATE;
+    SELECT a.task_id, a.depends_on, c.state, c.dedupe_key IS NOT NULL AS keyed INTO bad
+      FROM added AS a JOIN "worker".tasks AS c ON c.id = a.task_id
+     WHERE c.state NOT IN ('waiting', 'scheduled', 'queued') OR c.dedupe_key IS NOT NULL
+     LIMIT 1;
+    IF FOUND THEN
+        IF bad.keyed THEN
+            RAISE EXCEPTION 'workflow edge % -> %: step % has a dedupe key, which a step that waits for others cannot hold',
+                bad.task_id, bad.depends_on, bad.task_id USING ERRCODE = 'check_violation';
+        END IF;
+        RAISE EXCEPTION 'workflow edge % -> %: step % is % already; add a step''s dependencies before it can run',
+            bad.task_id, bad.depends_on, bad.task_id, bad.state USING ERRCODE = 'check_violation';
+    END IF;
+    SELECT a.task_id, a.depends_on INTO bad
+      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
+     WHERE p.state = 'in_progress' AND p.dependents IS NOT TRUE
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'workflow edge % -> %: step % is running, and was claimed without dependents; add dependencies on a step before it starts',
+            bad.task_id, bad.depends_on, bad.depends_on USING ERRCODE = 'check_violation';
+    END IF;
+    -- Dependencies that finished already: settled now.
+    UPDATE "worker".task_deps AS d
+       SET outcome = p.state::text, result = CASE WHEN p.state = 'done' THEN p.result END
+      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
+     WHERE d.task_id = a.task_id AND d.depends_on = a.depends_on AND d.outcome IS NULL
+       AND p.state IN ('done', 'failed', 'cancelled');
+    UPDATE "worker".tasks AS t SET dependents = true
+     WHERE t.id = ANY(ARRAY(SELECT a.depends_on FROM added AS a))
+       AND t.state NOT IN ('done', 'failed', 'cancelled') AND t.dependents IS NOT TRUE;
+    WITH c AS (
+        SELECT a.task_id AS id,
+               count(*) FILTER (WHERE p.state NOT IN ('done', 'failed', 'cancelled'))::integer AS n,
+               min(a.depends_on) FILTER (WHERE p.state IN ('failed', 'cancelled')
+                                           AND NOT a.run_on_failure) AS blocker
+          FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
+         GROUP BY a.task_id
+    ), moved AS (
+        UPDATE "worker".tasks AS t
+           SET pending_deps = coalesce(t.pending_deps, 0) + c.n,
+               state = CASE WHEN c.blocker IS NOT NULL THEN 'cancelled'::"worker".task_state
+                            WHEN coalesce(t.pending_deps, 0) + c.n > 0 THEN 'waiting'
+                            WHEN t.state <> 'waiting' THEN t.state
+                            WHEN t.run_at > now() THEN 'scheduled'
+                            ELSE 'queued' END,
+               finished_at = CASE WHEN c.blocker IS NOT NULL THEN now() ELSE t.finished_at END,
+               cancelled_by = CASE WHEN c.blocker IS NOT NULL THEN 'workflow'
+                                   ELSE t.cancelled_by END,
+               last_error = CASE WHEN c.blocker IS NOT NULL
+                                 THEN format('DependencyFailed: step %s ended before it was added',
+                                             c.blocker)
+                                 ELSE t.last_error END,
+               inputs = CASE WHEN c.blocker IS NULL AND coalesce(t.pending_deps, 0) + c.n = 0 THEN (
+                   SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
+                     FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
+          FROM c
+         WHERE t.id = c.id
+        RETURNING t.id, t.state, t.dependents
+    )
+    SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),
+           count(*) FILTER (WHERE m.state = 'queued')::integer
+      INTO doomed, freed
+      FROM moved AS m;
+    IF cardinality(doomed) > 0 THEN
+        PERFORM "worker".settle_steps(doomed);
+    END IF;
+    IF freed > 0 THEN
+        PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Name: wake_steps(text[], timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.wake_steps(queues text[], earliest timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    names text;
+BEGIN
+    IF cardinality(queues) IS NULL OR cardinality(queues) = 0 THEN
+        RETURN;
+    END IF;
+    names := array_to_string(ARRAY(SELECT DISTINCT q FROM unnest(queues) AS q LIMIT 50), ',');
+    IF octet_length(names) > 7000 OR strpos(names, chr(30)) > 0 OR earliest IS NULL
+       OR NOT isfinite(earliest)
+       OR EXISTS (SELECT 1 FROM unnest(queues) AS q WHERE strpos(q, ',') > 0) THEN
+        names := '';
+    ELSE
+        names := names || ',' || chr(30) || (extract(epoch FROM earliest) * 1000000)::bigint::text;
+    END IF;
+    PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), names);
 END;
 $$;
 
@@ -1417,6 +1842,18 @@ CREATE TABLE worker.stats_minutes (
     in_progress bigint DEFAULT 0 NOT NULL
 );
 
+-- Name: task_deps; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_deps (
+    task_id bigint NOT NULL,
+    depends_on bigint NOT NULL,
+    run_on_failure boolean DEFAULT false NOT NULL,
+    "position" integer DEFAULT 0 NOT NULL,
+    outcome text,
+    result jsonb,
+    CONSTRAINT task_deps_outcome_known CHECK ((outcome = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))
+);
+
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
 
 CREATE TABLE worker.task_routes (
@@ -1456,6 +1893,10 @@ CREATE TABLE worker.tasks (
     trace_context jsonb,
     limit_key text,
     limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
     CONSTRAINT tasks_attempts_not_negative CHECK ((attempts >= 0)),
     CONSTRAINT tasks_cron_pair CHECK (((cron_key IS NULL) = (cron_at IS NULL))),
     CONSTRAINT tasks_lease_iff_running CHECK (((state = 'in_progress'::worker.task_state) = (lease_expires_at IS NOT NULL))),
@@ -1490,6 +1931,26 @@ CREATE TABLE worker.workers (
     in_flight integer DEFAULT 0 NOT NULL,
     stopped_at timestamp with time zone,
     tasks text[] DEFAULT '{}'::text[] NOT NULL
+);
+
+-- Name: workflows; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.workflows (
+    id bigint NOT NULL,
+    name text DEFAULT ''::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflows_name_length CHECK ((char_length(name) <= 255))
+);
+
+-- Name: workflows_id_seq; Type: SEQUENCE; Schema: worker; Owner: -
+
+ALTER TABLE worker.workflows ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (
+    SEQUENCE NAME worker.workflows_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 -- Name: actions actions_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
@@ -1542,6 +2003,11 @@ ALTER TABLE ONLY worker.schema_migrations
 ALTER TABLE ONLY worker.stats_minutes
     ADD CONSTRAINT stats_minutes_pkey PRIMARY KEY (minute);
 
+-- Name: task_deps task_deps_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_deps
+    ADD CONSTRAINT task_deps_pkey PRIMARY KEY (task_id, depends_on);
+
 -- Name: task_routes task_routes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
 ALTER TABLE ONLY worker.task_routes
@@ -1587,9 +2053,18 @@ ALTER TABLE worker.tasks
 ALTER TABLE ONLY worker.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (id);
 
+-- Name: workflows workflows_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.workflows
+    ADD CONSTRAINT workflows_pkey PRIMARY KEY (id);
+
 -- Name: actions_at_idx; Type: INDEX; Schema: worker; Owner: -
 
 CREATE INDEX actions_at_idx ON worker.actions USING btree (at);
+
+-- Name: task_deps_depends_on_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_deps_depends_on_idx ON worker.task_deps USING btree (depends_on);
 
 -- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
 
@@ -1639,9 +2114,25 @@ CREATE INDEX tasks_scheduled_idx ON worker.tasks USING btree (run_at) WHERE (sta
 
 CREATE INDEX tasks_scheduled_queue_idx ON worker.tasks USING btree (queue, run_at) WHERE (state = 'scheduled'::worker.task_state);
 
+-- Name: tasks_unsettled_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_unsettled_idx ON worker.tasks USING btree (id) WHERE (dependents AND (state = ANY (ARRAY['done'::worker.task_state, 'failed'::worker.task_state, 'cancelled'::worker.task_state])));
+
+-- Name: tasks_waiting_free_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_waiting_free_idx ON worker.tasks USING btree (id) WHERE ((state = 'waiting'::worker.task_state) AND (COALESCE(pending_deps, 0) <= 0));
+
+-- Name: tasks_workflow_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX tasks_workflow_idx ON worker.tasks USING btree (workflow_id, id) WHERE (workflow_id IS NOT NULL);
+
 -- Name: tasks_queue_state; Type: STATISTICS; Schema: worker; Owner: -
 
 CREATE STATISTICS worker.tasks_queue_state (mcv) ON queue, state FROM worker.tasks;
+
+-- Name: task_deps task_deps_added; Type: TRIGGER; Schema: worker; Owner: -
+
+CREATE TRIGGER task_deps_added AFTER INSERT ON worker.task_deps REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION worker.task_deps_added();
 
 -- Name: tasks tasks_before_insert; Type: TRIGGER; Schema: worker; Owner: -
 

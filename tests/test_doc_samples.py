@@ -55,6 +55,7 @@ CRON_AND_LOCKS = "docs/howto/cron-and-locks.md"
 OPENTELEMETRY = "docs/howto/opentelemetry.md"
 FLOW_CONTROL = "docs/howto/flow-control.md"
 TOOLS = "docs/development.md"
+WORKFLOWS = "docs/howto/workflows.md"
 
 
 def pages() -> list[str]:
@@ -87,6 +88,7 @@ def test_the_marked_samples_are_found() -> None:
         CRON_AND_LOCKS: {"jobs.py", "schedules.py", "crm_sync.py", "books.py"},
         OPENTELEMETRY: {"traced.py"},
         FLOW_CONTROL: {"api_limits.py"},
+        WORKFLOWS: {"pipeline.py", "test_pipeline.py"},
     }
 
 
@@ -487,6 +489,37 @@ def test_the_results_sample(tmp_path: Path, database: str) -> None:
         "{'url': 'https://cdn.example/cat.jpg', 'size': [128, 128]}",
         "['https://cdn.example/a.jpg', 'https://cdn.example/b.jpg', 'https://cdn.example/c.jpg']",
     ]
+
+
+def test_the_workflows_sample(tmp_path: Path, database: str) -> None:
+    """`worker run pipeline`, then `python pipeline.py`: a chain, a chord and a graph with a
+    failure policy run as the page says; its test of them passes without a database."""
+    run(tmp_path, WORKFLOWS, database, "-c", "pass")  # writes the samples
+    pool = spawn_worker(tmp_path, database, "pipeline")
+    try:
+        out = run(tmp_path, WORKFLOWS, database, "pipeline.py")
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        pool.communicate(timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "{'title': 'chain', 'inputs': [38]}",
+        "{'title': 'chord', 'inputs': [17, 18, 19]}",
+        "[('broken', 'failed'), ('report', 'cancelled'), ('always', 'done')]",
+    ]
+    tested = run(
+        tmp_path,
+        WORKFLOWS,
+        "postgresql://nowhere.invalid/x",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "test_pipeline.py",
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "2 passed" in tested.stdout
 
 
 def test_the_cron_and_locks_sample(tmp_path: Path, database: str) -> None:

@@ -31,19 +31,23 @@ from .errors import (
     WorkerError,
 )
 from .tasks.enqueue import enqueue, enqueue_async, enqueue_many
+from .tasks.flows import EnqueuedWorkflow, enqueue_workflow
 from .tasks.limits import Limits, QueueLimits, clear_queue_limits, queue_limits, set_queue_limits
 from .tasks.registry import Context, Registry, TaskDef, limit, registry, task
 from .tasks.wait import wait, wait_async
 from .tasks.waiter import Waiter
+from .tasks.workflow import After, Step, Workflow, WorkflowError, after, chain, group, step
 
 __all__ = [
     "AdvisoryLock",
+    "After",
     "BackgroundWorker",
     "Cancellation",
     "Cancelled",
     "ConfigError",
     "Context",
     "DoNotRetry",
+    "EnqueuedWorkflow",
     "ExclusiveLock",
     "Limits",
     "LockLost",
@@ -57,6 +61,7 @@ __all__ = [
     "ResultNotSerializable",
     "ResultTooLarge",
     "SchemaMissing",
+    "Step",
     "TaskCancelled",
     "TaskDef",
     "TaskFailed",
@@ -67,16 +72,22 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkerError",
+    "Workflow",
+    "WorkflowError",
     "advisory_keys",
     "advisory_lock",
+    "after",
     "cancel",
+    "chain",
     "clear_queue_limits",
     "cron",
     "current_lock",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
+    "enqueue_workflow",
     "exclusive",
+    "group",
     "limit",
     "load_schedules",
     "migrate",
@@ -87,6 +98,7 @@ __all__ = [
     "resume_queue",
     "schedule",
     "set_queue_limits",
+    "step",
     "task",
     "wait",
     "wait_async",

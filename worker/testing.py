@@ -5,6 +5,8 @@ the caller's connection, inside whatever transaction it has open: a test that en
 then rolls back leaves nothing behind. Rows move through the queue's own statements
 (``the store``: claim, complete, retry), so states, attempts, backoff and errors are the ones
 a worker would write. ``enqueued`` and ``assert_enqueued`` read what was enqueued.
+``run_workflow(flow)`` runs a workflow's steps in dependency order in this process, with no
+database at all.
 
 Time stands still inside a transaction (``now()`` is its start), so a retried task, whose next
 attempt is scheduled after a backoff, is not due again within the same ``run_due``; neither is a
@@ -27,11 +29,13 @@ import psycopg
 from . import store
 from .db.sql import notify_channel, queries
 from .engine.batch import PROMOTE_LIMIT
-from .engine.job import decode_payload, format_error
+from .engine.job import decode_inputs, decode_payload, format_error
 from .errors import DoNotRetry, PayloadError
 from .tasks.backoff import retry_delay
 from .tasks.payload import from_json, to_json
 from .tasks.registry import Context, Registry, TaskDef, registry
+from .tasks.results import encode_result
+from .tasks.workflow import Step, Workflow
 
 # The lease written on rows run_due claims; nothing renews or checks it while they run.
 _LEASE_SECONDS = 3600.0
@@ -163,6 +167,8 @@ def _run_one(
         store.hand_back(conn, schema, worker_id=worker_id, rows=[(c.id, c.attempt, error)])
         return TaskRun(c.id, c.task, c.attempt, False, "scheduled", error, handed_back=True)
     ctx = Context(c.id, c.task, c.queue, c.attempt, c.max_attempts, worker_id)
+    if c.workflow_id is not None:  # a workflow's step (see worker.Workflow)
+        ctx.workflow_id, ctx.inputs = c.workflow_id, decode_inputs(c.inputs)
     permanent = False
     try:
         payload = decode_payload(c.payload)
@@ -179,28 +185,118 @@ def _run_one(
                     d.fn(payload, replace(ctx, conn=conn))
                     store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
                 return TaskRun(c.id, c.task, c.attempt, True, "done")
-            _call(d, payload, ctx, loop)
+            value = _call(d, payload, ctx, loop)
+            text = encode_result(value) if c.dependents else None
         except DoNotRetry as exc:
             error, permanent = format_error(exc), True
         except Exception as exc:
             error = format_error(exc)
         else:
-            store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
+            if text is None:
+                store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
+            else:  # a step others wait for: its result goes to them
+                store.complete_with_result(
+                    conn, schema, worker_id=worker_id, done=[(c.id, c.attempt, text)]
+                )
+                store.settle_steps(conn, schema, [c.id])
             return TaskRun(c.id, c.task, c.attempt, True, "done")
     delay = retry_delay(c.attempt, d.retry_backoff)
     failure = store.Failure(c.id, c.attempt, delay, error, permanent, d.max_attempts)
     state = store.fail(conn, schema, worker_id=worker_id, failures=[failure]).get(c.id, "lost")
+    if c.dependents:
+        store.settle_steps(conn, schema, [c.id])
     return TaskRun(c.id, c.task, c.attempt, False, state, error)
 
 
-def _call(d: TaskDef, payload: Any, ctx: Context, loop: asyncio.Runner) -> None:
+def _call(d: TaskDef, payload: Any, ctx: Context, loop: asyncio.Runner) -> Any:
     if d.is_async:
         coro = d.fn(payload, ctx) if d.wants_context else d.fn(payload)
-        loop.run(asyncio.wait_for(coro, d.timeout) if d.timeout else coro)
-    elif d.wants_context:
-        d.fn(payload, ctx)
-    else:
-        d.fn(payload)
+        return loop.run(asyncio.wait_for(coro, d.timeout) if d.timeout else coro)
+    if d.wants_context:
+        return d.fn(payload, ctx)
+    return d.fn(payload)
+
+
+# -- workflows, in-process -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One step of ``run_workflow``: how it ended (done, failed or cancelled), its result (as
+    JSON would carry it), its error, and the inputs its handler was given."""
+
+    step: Step
+    state: str
+    result: Any = None
+    error: str | None = None
+    inputs: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    steps: list[StepRun]
+
+    def __getitem__(self, step: Step) -> StepRun:
+        return next(r for r in self.steps if r.step is step)
+
+    def check(self) -> WorkflowRun:
+        """Raise AssertionError naming every step that did not end done; else self."""
+        bad = [r for r in self.steps if r.state != "done"]
+        if bad:
+            lines = [
+                f"  {r.step.name} -> {r.state}: {(r.error or '').splitlines()[0]}" for r in bad
+            ]
+            raise AssertionError(
+                f"{len(bad)} of {len(self.steps)} step(s) did not finish:\n" + "\n".join(lines)
+            )
+        return self
+
+
+def run_workflow(flow: Workflow, tasks: Registry | None = None) -> WorkflowRun:
+    """Run ``flow``'s steps in this process, in dependency order, with the handlers of ``tasks``
+    (default the global registry), without a database: each handler gets its payload (through
+    JSON and its model, as a worker would give it) and ``ctx.inputs``, the results of its
+    dependencies. A step that raises fails at once (no retries), and its dependents end
+    cancelled unless their edge says ``run_on_failure``, as in the queue. Transactional handlers
+    get no connection (``ctx.conn`` is None)."""
+    tasks = tasks if tasks is not None else registry
+    ended: dict[Step, StepRun] = {}
+    with asyncio.Runner() as loop:
+        for s in flow.order():
+            blocked = next(
+                (
+                    e.step
+                    for e in s.depends_on
+                    if ended[e.step].state != "done" and not e.run_on_failure
+                ),
+                None,
+            )
+            if blocked is not None:
+                why = f"DependencyFailed: step {blocked.name} ended {ended[blocked].state}"
+                ended[s] = StepRun(s, "cancelled", error=why)
+                continue
+            inputs = [ended[e.step].result for e in s.depends_on]
+            ended[s] = _run_step(s, inputs, tasks, loop)
+    return WorkflowRun([ended[s] for s in flow.steps])
+
+
+def _run_step(s: Step, inputs: list[Any], tasks: Registry, loop: asyncio.Runner) -> StepRun:
+    name = s.task.name if isinstance(s.task, TaskDef) else s.task
+    d = tasks.get(name)
+    if d is None:
+        return StepRun(s, "failed", error=f"UnknownTask: no handler named {name!r}", inputs=inputs)
+    ctx = Context(-1 - s.index, name, s.queue or d.queue, 1, d.max_attempts, "testing")
+    ctx.inputs, ctx.workflow_id = inputs, 0
+    try:
+        stored = json.loads(
+            json.dumps(to_json(name, {} if s.payload is None else s.payload, d.payload))
+        )
+        payload = from_json(name, d.payload, stored) if d.payload is not None else stored
+        value = _call(d, payload, ctx, loop)
+        result = json.loads(encode_result(value))
+    except Exception as exc:
+        return StepRun(s, "failed", error=format_error(exc), inputs=inputs)
+    return StepRun(s, "done", result=result, inputs=inputs)
 
 
 # -- what was enqueued -------------------------------------------------------------------------
@@ -289,4 +385,14 @@ def _first(r: TaskRun) -> str:
     return (r.error or "").splitlines()[0] if r.error else ""
 
 
-__all__ = ["Enqueued", "RunSummary", "TaskRun", "assert_enqueued", "enqueued", "run_due"]
+__all__ = [
+    "Enqueued",
+    "RunSummary",
+    "StepRun",
+    "TaskRun",
+    "WorkflowRun",
+    "assert_enqueued",
+    "enqueued",
+    "run_due",
+    "run_workflow",
+]

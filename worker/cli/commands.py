@@ -41,6 +41,7 @@ from .common import (
 )
 from .task import cmd_task
 from .text import LINE_LIMIT, safe
+from .workflow import cmd_workflow
 
 # The largest payload `worker enqueue` reads (jsonb itself stops at 255 MB).
 MAX_PAYLOAD = 64 * 1024 * 1024
@@ -175,6 +176,8 @@ def _quote(name: str) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     if getattr(args, "id", None) is not None:
         return cmd_task(args)
+    if getattr(args, "workflow", None) is not None:
+        return cmd_workflow(args)
     with connect(args) as conn:
         require(conn, args.schema)
         st = status(conn, args.schema, failed_limit=args.failed)

@@ -240,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--id", type=TASK_ID, default=None, help="show this task, with its error history"
     )
     p.add_argument(
+        "--workflow",
+        type=TASK_ID,
+        default=None,
+        help="show this workflow: its steps, their states, times and errors",
+    )
+    p.add_argument(
         "--failed", type=int_in(0, 1000), default=10, help="how many recent failures to list"
     )
     p.set_defaults(func=cmd_status)

@@ -161,7 +161,8 @@ class Batcher:
         "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
         cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results) take
         a statement of their own, and are announced to waiters; the others' acknowledgement is
-        ``complete`` alone."""
+        ``complete`` alone. Workflow steps that others wait for carry their result (see
+        engine.runners) and settle their dependents after (``store.settle_steps``)."""
         done = [
             (j.id, j.attempt)
             for j in jobs
@@ -215,6 +216,11 @@ class Batcher:
             back = store.release(conn, self.q.schema, worker_id=self.worker_id, tasks=released)
             for task_id, state in back.items():
                 states[task_id] = "cancelled" if state == "cancelled" else "released"
+        # Workflows: steps that others wait for (known at their claim) settle those in this
+        # transaction; a batch of plain tasks skips it.
+        steps = [j.id for j in jobs if j.claimed.dependents and j.outcome]
+        if steps:
+            store.settle_steps(conn, self.q.schema, steps)
         return kept, states
 
     def claim(self, conn: psycopg.Connection, free: int, now: float) -> Claim | None:

@@ -322,6 +322,15 @@ def decode_payload(raw: Any) -> Any:
     return json.loads(raw) if isinstance(raw, str | bytes) else raw
 
 
+def decode_inputs(raw: str | None) -> list[Any]:
+    """A workflow step's inputs as the claim returns them (JSON text of a list, or None for a
+    step that waited for nothing): the list its handler reads as ``ctx.inputs``."""
+    if raw is None:
+        return []
+    value = decode_payload(raw)
+    return value if isinstance(value, list) else [value]
+
+
 def display(name: str, limit: int = 200) -> str:
     """A producer-written name (task, queue) as logs may show it: bounded, no control codes."""
     text = name if len(name) <= limit else f"{name[:limit]}...[{len(name) - limit} more]"

@@ -50,7 +50,7 @@ from ..tasks.registry import DEFAULT_QUEUE, Context, Registry, TaskDef, registry
 from . import dispatch, reports, startup, stopping
 from .batch import Claim
 from .inbox import Inbox
-from .job import Job, JobTable, Outcome, State, format_error
+from .job import Job, JobTable, Outcome, State, decode_inputs, format_error
 from .settings import WorkerConfig
 from .supervisor import LIVENESS_ENV, WORKER_ID_ENV
 
@@ -458,9 +458,13 @@ class Worker:
 
     def context(self, job: Job, conn: psycopg.Connection | None = None) -> Context:
         c = job.claimed
-        return Context(
+        ctx = Context(
             c.id, c.task, c.queue, c.attempt, c.max_attempts, self.id, conn, cancel_signal=job
         )
+        if c.workflow_id is not None:
+            ctx.workflow_id = c.workflow_id
+            ctx.inputs = decode_inputs(c.inputs)
+        return ctx
 
 
 def _first_line(exc: BaseException) -> str:

@@ -207,6 +207,9 @@ class Maintenance:
             total += len(rows)
             if len(rows) < self.config.rescue_batch or self._stop.is_set():
                 break
+        # Workflow steps that a rescue (or anything but an acknowledgement) finished: their
+        # dependents are settled here (two probes of empty indexes when there are none).
+        store.settle_missed(conn, self.q.schema, limit=self.config.rescue_batch)
         self._rescue_floor = started - _RESCUE_OVERLAP
         if full:
             spent = time.monotonic() - began

@@ -231,7 +231,7 @@ class Executor:
                 known = self._stores.get(id(d))  # decided once per handler (see __init__)
                 if known is None or known[0] is not d:
                     known = self._stores[id(d)] = (d, self._stores_result(d))
-                if known[1]:
+                if known[1] or job.claimed.dependents:  # a workflow's step passes it on
                     # Encoded here, off the main thread; a value that cannot be stored fails
                     # the task at once (ResultError is a DoNotRetry).
                     outcome.result = encode_result(value, self._max_result_bytes)

@@ -60,7 +60,7 @@ class InTransaction:
             if missed_start(job):
                 raise MissedStart(f"task {c.id}: its transaction opened past its paced start")
             value = job.definition.fn(job.payload, self._context(job, conn))
-            if self._stores_result(job.definition):
+            if self._stores_result(job.definition) or c.dependents:
                 # A result that cannot be stored raises here (a DoNotRetry), rolling back the
                 # handler's writes with the completion.
                 text = results.encode_result(value, self._max_result_bytes)
@@ -73,6 +73,8 @@ class InTransaction:
             else:
                 done = [(c.id, c.attempt)]
                 kept = store.complete(conn, self.schema, worker_id=self.worker_id, done=done)
+            if c.dependents and c.id in kept:  # a workflow's step: its dependents, at once
+                store.settle_steps(conn, self.schema, [c.id])
             if c.id not in kept:
                 raise LostLease(
                     f"task {c.id} was rescued while its handler ran; its writes are rolled back"

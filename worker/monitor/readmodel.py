@@ -30,6 +30,7 @@ from ..db.dsn import redact, scrub
 from ..db.migrate import current_version, latest_version
 from ..db.sql import queries
 from ..ops import status as _admin
+from ..ops import workflows as _workflows
 from ..ops.status import ALIVE_SECONDS, MissingHandler, QueueStats, Routing
 from ..tasks import limits as _limits
 from ..tasks.limits import QueueLimits
@@ -81,6 +82,8 @@ class Snapshot:
     paused: list[str] = field(default_factory=list)
     # Limited queues (schema/0014) with their counts, at most PAUSED_LISTED of them.
     limits: list[QueueLimits] = field(default_factory=list)
+    # Workflows (schema/0022) with steps not finished: {"steps": {state: n}, "workflows": n}.
+    workflows: dict[str, Any] = field(default_factory=dict)
 
     def age(self) -> float:
         return time.monotonic() - self.taken
@@ -261,12 +264,14 @@ class Database:
         ).fetchone() or (0, 0)
         paused = [p.queue for p in _pause.paused(conn, self.schema, limit=PAUSED_LISTED)]
         limits = _limits.list_limits(conn, self.schema, limit=PAUSED_LISTED)
+        flows = _workflows.workflow_gauges(conn, self.schema, cap=max(cap, REST_CAP))
         return Snapshot(
             time.monotonic(),
             datetime.now(UTC),
             queues=queues,
             paused=paused,
             limits=limits,
+            workflows=flows,
             rest=rest,
             routing=Routing(_admin.unserved(scan.queues), missing, int(alive)),
             estimates=estimates,

@@ -25,6 +25,7 @@ from .acks import (
     heartbeat,
     notify_done,
     release,
+    settle_steps,
 )
 from .claims import (
     ClaimCursor,
@@ -42,9 +43,9 @@ from .claims import (
     promote,
     wake_handed_back,
 )
-from .inserts import copy, cron_slots, delayed_until, insert, insert_async
+from .inserts import copy, cron_slots, delayed_until, insert, insert_async, insert_workflow
 from .operator import BulkStep, Requeued, bulk_step, cancel_tasks, delete_tasks, requeue
-from .recovery import purge, rescue, worker_died
+from .recovery import purge, rescue, settle_missed, worker_died
 
 __all__ = [
     "ERROR_HISTORY",
@@ -77,6 +78,7 @@ __all__ = [
     "heartbeat",
     "insert",
     "insert_async",
+    "insert_workflow",
     "make_due",
     "notify_done",
     "parse_notification",
@@ -85,6 +87,8 @@ __all__ = [
     "release",
     "requeue",
     "rescue",
+    "settle_missed",
+    "settle_steps",
     "wake_handed_back",
     "worker_died",
 ]

@@ -191,6 +191,18 @@ def complete_with_result(
     return {r[0]: r[1] for r in rows}
 
 
+def settle_steps(conn: psycopg.Connection, schema: str, ids: Sequence[int]) -> int:
+    """Workflows: settle the dependents of these just-acknowledged steps (those with dependents
+    that ended done, failed or cancelled; the others are passed over), in the caller's
+    transaction. Returns how many dependents became runnable."""
+    if not ids:
+        return 0
+    row = conn.execute(
+        statements(schema)["settle_steps"], {"ids": int_array(ids)}, **PLAN_EACH
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Iterable[int]) -> None:
     """Announce finished tasks on ``channel``, in as few notifications as fit (see notify_done
     in acks.sql). Delivered when the caller's transaction commits."""

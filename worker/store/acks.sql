@@ -217,3 +217,12 @@ UNION ALL
 SELECT r.id, r.attempts, true AS cancel
   FROM renewed AS r
  WHERE r.cancel;
+
+-- name: settle_steps
+-- Workflows (schema/0022): the steps of this batch that others wait for, once acknowledged above
+-- in the same transaction. Their outcome (and result) goes on their edges, each dependent's count
+-- of unfinished dependencies drops by the number settled now, and a dependent whose count
+-- reaches 0 becomes runnable (its workers are woken at the commit); a dependent of a step that
+-- failed for good or was cancelled ends cancelled, unless its edge says run_on_failure. Run only
+-- for batches that hold such steps: a batch of plain tasks never runs it.
+SELECT {schema}.settle_steps(%(ids)s::bigint[]) AS released;

@@ -59,6 +59,11 @@ class Claimed:
     # The monotonic time after which it must not start any more: a start later than this could
     # crowd a window with the next starts of the pace (inf: no pace).
     not_after: float = math.inf
+    # Workflows (schema/0022): others wait for this step (its acknowledgement settles them), the
+    # results of the steps it waited for (JSON text of a list, or None), and its workflow's id.
+    dependents: bool = False
+    inputs: str | None = None
+    workflow_id: int | None = None
 
 
 class ClaimCursor:
@@ -229,7 +234,7 @@ def claim_all(
     )
     rows = conn.execute(statements(schema)["claim"], params).fetchall()
     read = time.monotonic()
-    taken = Taken([Claimed(*row[:15]) for row in rows if row[0] is not None])
+    taken = Taken([_claimed(row) for row in rows if row[0] is not None])
     for c in taken.rows:
         if c.start_in is not None:
             c.not_before = read + c.start_in
@@ -244,6 +249,13 @@ def claim_all(
     order = {name: i for i, name in enumerate(queues)}
     taken.rows.sort(key=lambda c: (order.get(c.queue, 0), -c.priority, c.run_at, c.id))
     return taken
+
+
+def _claimed(row: Sequence[Any]) -> Claimed:
+    c = Claimed(*row[:15])
+    if row[19] is not None:  # a workflow's step: (dependents, inputs, workflow_id)
+        c.dependents, c.inputs, c.workflow_id = row[17], row[18], row[19]
+    return c
 
 
 def claim(

@@ -181,7 +181,10 @@ WITH asked AS (
                         IS NOT NULL
                    THEN extract(epoch FROM t.started_at - clock_timestamp())::float8
               END AS start_in,
-              t.limit_held
+              t.limit_held,
+              -- Workflows (schema/0022): whether others wait for this step (its acknowledgement
+              -- then settles them), the results of the steps it waited for, and its workflow.
+              t.dependents IS TRUE AS dependents, t.inputs::text AS inputs, t.workflow_id
 )
 SELECT m.id, m.task, m.payload, m.attempts, m.max_attempts, m.queue, m.priority, m.run_at,
        m.created_at, m.claimed_at, m.xid, m.trace_context, m.start_in,
@@ -189,11 +192,11 @@ SELECT m.id, m.task, m.payload, m.attempts, m.max_attempts, m.queue, m.priority,
             THEN (SELECT 0.03 * least(ql.rate_seconds, ql.key_rate_seconds)
                     FROM {schema}.queue_limits AS ql WHERE ql.queue = m.queue) END AS slack,
        coalesce(m.limit_held, false) AS limited, NULL::double precision AS wait_seconds,
-       NULL::boolean AS held
+       NULL::boolean AS held, m.dependents, m.inputs, m.workflow_id
   FROM moved AS m
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, l.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       true, l.wait_seconds, l.held
+       true, l.wait_seconds, l.held, NULL, NULL, NULL
   FROM limited AS l
  WHERE l.id IS NULL;
 

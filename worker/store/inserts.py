@@ -8,7 +8,7 @@ this module only runs the statements, in ``inserts.sql`` beside it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -73,4 +73,37 @@ def cron_slots(conn: psycopg.Connection, schema: str, params: Mapping[str, Any])
     return execute(conn, statements(schema)["cron_enqueue"], params)[0]
 
 
-__all__ = ["copy", "cron_slots", "delayed_until", "insert", "insert_async"]
+def insert_workflow(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    name: str,
+    steps: Sequence[tuple[Any, ...]],
+    edges: Sequence[tuple[int, int, bool, int]],
+) -> tuple[int, list[int]]:
+    """A workflow in the caller's transaction: its row, its steps by COPY (each a tuple of
+    task, payload JSON text, queue, priority, max_attempts, limit_key, waits; in dependency
+    order), then its edges by COPY ((step, dependency, run_on_failure, position), as indexes
+    into ``steps``). Returns (workflow id, the steps' ids)."""
+    q = statements(schema)
+    row = conn.execute(q["workflow_create"], {"name": name}).fetchone()
+    assert row is not None
+    workflow_id = int(row[0])
+    ids = [r[0] for r in conn.execute(q["workflow_ids"], {"n": len(steps)})]
+    with conn.cursor() as cur:
+        with cur.copy(q["workflow_copy_steps"]) as copy:
+            for i, (task, payload, queue, priority, max_attempts, limit_key, waits) in zip(
+                ids, steps, strict=True
+            ):
+                state = "waiting" if waits else "queued"
+                copy.write_row(
+                    (i, task, payload, queue, priority, max_attempts, limit_key, workflow_id, state)
+                )
+        if edges:
+            with cur.copy(q["workflow_copy_edges"]) as copy:
+                for child, parent, run_on_failure, position in edges:
+                    copy.write_row((ids[child], ids[parent], run_on_failure, position))
+    return workflow_id, ids
+
+
+__all__ = ["copy", "cron_slots", "delayed_until", "insert", "insert_async", "insert_workflow"]

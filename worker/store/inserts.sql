@@ -97,3 +97,25 @@ FROM STDIN;
 -- name: delayed_until
 -- A delay counts from the database's clock, not the producer's.
 SELECT now() + make_interval(secs => %(delay)s) AS run_at;
+
+-- name: workflow_create
+-- A workflow's row (schema/0022); its steps follow in the same transaction.
+INSERT INTO {schema}.workflows (name) VALUES (%(name)s) RETURNING id;
+
+-- name: workflow_ids
+-- Ids for a workflow's steps, taken from the tasks' own sequence before they are copied in, so
+-- that the edges can name them; ascending, and given to the steps in dependency order, so every
+-- dependency has a lower id than its dependents (schema/0022 requires it).
+SELECT nextval(pg_get_serial_sequence('{schema}.tasks', 'id')) AS id
+  FROM generate_series(1, %(n)s) ORDER BY 1;
+
+-- name: workflow_copy_steps
+-- A workflow's steps: waiting when they have dependencies (their count is made by the edges'
+-- trigger), queued otherwise. A NULL queue is routed (schema/0006); run_at is the database's now().
+COPY {schema}.tasks (id, task, payload, queue, priority, max_attempts, limit_key, workflow_id,
+                     state)
+FROM STDIN;
+
+-- name: workflow_copy_edges
+-- Its edges, checked and counted by their trigger (schema/0022, task_deps_added), one statement.
+COPY {schema}.task_deps (task_id, depends_on, run_on_failure, position) FROM STDIN;

@@ -55,3 +55,10 @@ def purge(
         },
     )
     return cur.rowcount
+
+
+def settle_missed(conn: psycopg.Connection, schema: str, *, limit: int = 1000) -> int:
+    """Workflows: settle steps that finished without their acknowledgement doing it (a rescue,
+    a dead worker's hand-back, SQL), and release waiting steps with nothing left to wait for."""
+    row = conn.execute(statements(schema)["settle_missed"], {"limit": limit}).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0

@@ -139,3 +139,10 @@ DELETE FROM {schema}.tasks
                FOR UPDATE SKIP LOCKED) AS failed
         LIMIT %(limit)s) AS expired
  ));
+
+-- name: settle_missed
+-- Workflows (schema/0022): steps that finished without an acknowledgement that settled their
+-- dependents (a rescue or a supervisor's hand-back that failed them for good, an SQL update), and
+-- waiting steps with nothing left to wait for, at most %(limit)s of each. Two probes of partial
+-- indexes that are empty unless workflows need it; SKIP LOCKED, no leader.
+SELECT {schema}.settle_missed(%(limit)s) AS settled;

@@ -37,6 +37,10 @@ class Context:
     connection whose open transaction will also mark the task done, so the handler's writes and
     the completion commit together or not at all.
 
+    ``inputs`` is a workflow step's view of the steps it depends on: their results, in the order
+    its ``depends_on`` names them (a chain's step gets ``[previous result]``; a group's join step
+    the group's results in order).
+
     ``cancelled`` turns true when someone asks to cancel the task while it runs (``worker
     cancel``, ``worker.cancel()``, ``SELECT worker.cancel_task(...)``, the console), and when
     the worker begins a graceful stop; ``check()`` then raises ``worker.Cancelled``. A sync
@@ -55,6 +59,11 @@ class Context:
     conn: psycopg.Connection | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     cancel_signal: CancelSignal | None = field(default=None, repr=False, compare=False)
+    # A workflow's step: the results of the steps it depends on, in the order they were declared
+    # (None for a step that failed but whose edge said run_on_failure), and the workflow's id.
+    # An empty list and None for a task outside any workflow.
+    inputs: list[Any] = field(default_factory=list)
+    workflow_id: int | None = None
 
     @property
     def cancelled(self) -> bool:

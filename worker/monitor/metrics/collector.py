@@ -233,6 +233,22 @@ class DatabaseCollector:
         )
         alive.add_metric([], snap.workers_alive)
         yield alive
+        steps = GaugeMetricFamily(
+            "worker_workflow_steps",
+            "Steps of workflows not finished, by state: waiting (for their dependencies), "
+            "scheduled, queued, in_progress. Counts stop at the queue statistics' cap. Fleet-wide.",
+            labels=["state"],
+        )
+        flows = snap.workflows or {}
+        for state in ("waiting", "scheduled", "queued", "in_progress"):
+            steps.add_metric([state], float((flows.get("steps") or {}).get(state, 0)))
+        yield steps
+        running_flows = GaugeMetricFamily(
+            "worker_workflows_running",
+            "Workflows with at least one step not finished. Fleet-wide.",
+        )
+        running_flows.add_metric([], float(flows.get("workflows", 0)))
+        yield running_flows
 
 
 def health_families(report: Report) -> Iterator[Any]:

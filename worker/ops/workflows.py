@@ -1,0 +1,80 @@
+"""What operators read of workflows: one workflow with its steps (``worker status --workflow``,
+the console's workflow page) and the counts the metrics show. Cancelling a workflow is
+``cancel_workflow`` in SQL (schema/0022), through ``store.cancel_workflow``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from ..db.sql import queries
+
+STEP_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class StepRow:
+    id: int
+    task: str
+    queue: str
+    state: str
+    attempts: int
+    pending: int | None
+    depends_on: list[int]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    seconds: float | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowStatus:
+    id: int
+    name: str
+    created_at: datetime
+    counts: dict[str, int]
+    steps: list[StepRow] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def finished(self) -> bool:
+        return all(s in ("done", "failed", "cancelled") for s in self.counts)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["total"], out["finished"] = self.total, self.finished
+        return out
+
+
+def workflow_status(
+    conn: psycopg.Connection, schema: str, workflow_id: int, *, limit: int = STEP_LIMIT
+) -> WorkflowStatus | None:
+    """The workflow, its counts by state, and its first ``limit`` steps; None if unknown."""
+    q = queries(schema)
+    head = conn.execute(q["workflow_get"], {"id": workflow_id}).fetchone()
+    if head is None:
+        return None
+    counts = {s: int(n) for s, n in conn.execute(q["workflow_counts"], {"id": workflow_id})}
+    steps = [
+        StepRow(*r) for r in conn.execute(q["workflow_steps"], {"id": workflow_id, "limit": limit})
+    ]
+    return WorkflowStatus(head[0], head[1], head[2], counts, steps)
+
+
+def workflow_gauges(conn: psycopg.Connection, schema: str, cap: int = 100_000) -> dict[str, Any]:
+    """{"steps": {state: n}, "workflows": n} of workflows with steps not finished (bounded)."""
+    rows = conn.execute(queries(schema)["metrics_workflows"], {"cap": cap}).fetchall()
+    return {
+        "steps": {s: int(n) for s, n, _ in rows if s is not None},
+        "workflows": next((int(w) for s, _, w in rows if s is None), 0),
+    }
+
+
+__all__ = ["STEP_LIMIT", "StepRow", "WorkflowStatus", "workflow_gauges", "workflow_status"]
