@@ -1129,6 +1129,13 @@ def run_smoke(mode: str) -> None:
     assert r.returncode == 0 and verdict.startswith(f"smoke {mode}: PASS"), (
         verdict + "\n" + r.stderr[-4000:]
     )
+    # The whole line, to its date: what survived what, and the notes of the run.
+    assert re.fullmatch(
+        rf"smoke {mode}: PASS (\d+)/\1 tasks done, 0 in_progress, \d+ retried, after SIGKILL of "
+        r"a worker holding [1-9]\d* \(all done on a later attempt\) and a PostgreSQL restart; "
+        r".*migrate applied \d+ migrations \(\d{4}-\d\d-\d\dT\d\d:\d\dZ\)",
+        verdict,
+    ), verdict
 
 
 @pytest.mark.deploy
