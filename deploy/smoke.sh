@@ -10,7 +10,8 @@
 #   compose     docker-compose.yml (`docker compose` or docker-compose 1.29) on the local engine:
 #               postgres, migrate and two workers
 #   podman      the Kubernetes pod specs under `podman kube play`: the migrate Job's pod spec as
-#               a Pod (podman runs no Job), the worker Deployment, a PostgreSQL pod
+#               a Pod restarted on failure (podman runs no Job), the worker Deployment (once
+#               per replica, each with a host port of its own), a PostgreSQL pod
 #   kubernetes  `kubectl apply` of the manifests to the current context, in a namespace of its
 #               own (kind and k3d clusters get the image loaded; elsewhere set SMOKE_IMAGE to an
 #               image the cluster can pull), with a PostgreSQL Deployment
@@ -171,20 +172,33 @@ if mode == "podman":
             },
         }
     )
+    # The Job's pod spec as a Pod, with the Job's restartPolicy (OnFailure): it is restarted
+    # until it succeeds, as the Job's pod would be (all pods start at once, before PostgreSQL
+    # answers).
     job = one("migrate-job.yaml", "Job")
-    pod = adapt(job["spec"]["template"]["spec"])
-    pod["restartPolicy"] = "Never"
     docs.append(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": job["metadata"]["name"], **{"labels": job["metadata"]["labels"]}},
-            "spec": pod,
+            "spec": adapt(job["spec"]["template"]["spec"]),
         }
     )
+    # podman before 4.7 publishes every containerPort on the host (hostPort = containerPort), so
+    # two replicas of one Deployment collide on 9470: the Deployment is played once per replica,
+    # each with one replica and a host port of its own (19470, 19471, ...).
     deployment = one("deployment.yaml", "Deployment")
-    deployment["spec"]["template"]["spec"] = adapt(deployment["spec"]["template"]["spec"])
-    docs.append(deployment)
+    spec = adapt(deployment["spec"]["template"]["spec"])
+    for i in range(deployment["spec"]["replicas"]):
+        one_replica = copy.deepcopy(deployment)
+        if i:
+            one_replica["metadata"]["name"] += f"-{i + 1}"
+        one_replica["spec"]["replicas"] = 1
+        one_replica["spec"]["template"]["spec"] = copy.deepcopy(spec)
+        for c in one_replica["spec"]["template"]["spec"]["containers"]:
+            for port in c.get("ports", []):
+                port["hostPort"] = 10000 + port["containerPort"] + i
+        docs.append(one_replica)
 else:
     docs.append(
         {
@@ -348,8 +362,9 @@ podman_up() {
 }
 podman_down() { podman kube down "$TMP/play.yaml" >/dev/null 2>&1; }
 if [ "$MODE" = podman ]; then
-  # Containers by pod: the infra containers have no image of ours.
-  in_pods() { podman ps -a --format '{{.ID}} {{.PodName}} {{.Image}}' | awk -v img="$1" '$3 ~ img'; }
+  # Containers by pod (`--pod`, without which podman 4 leaves .PodName empty): the infra
+  # containers have no image of ours.
+  in_pods() { podman ps -a --pod --format '{{.ID}} {{.PodName}} {{.Image}}' | awk -v img="$1" '$3 ~ img'; }
   pg_ref() { in_pods postgres | awk '$2 == "smoke-postgres" {print $1; exit}'; }
   worker_refs() { in_pods "$IMAGE" | awk '$2 != "worker-migrate" {print $1}'; }
   migrate_ref() { in_pods "$IMAGE" | awk '$2 == "worker-migrate" {print $1; exit}'; }
