@@ -10,7 +10,8 @@
 #   compose     docker-compose.yml (`docker compose` or docker-compose 1.29) on the local engine:
 #               postgres, migrate and two workers
 #   podman      the Kubernetes pod specs under `podman kube play`: the migrate Job's pod spec as
-#               a Pod (podman runs no Job), the worker Deployment, a PostgreSQL pod
+#               a Pod restarted on failure (podman runs no Job), the worker Deployment (once
+#               per replica, each with a host port of its own), a PostgreSQL pod
 #   kubernetes  `kubectl apply` of the manifests to the current context, in a namespace of its
 #               own (kind and k3d clusters get the image loaded; elsewhere set SMOKE_IMAGE to an
 #               image the cluster can pull), with a PostgreSQL Deployment
@@ -69,10 +70,11 @@ while [ $# -gt 0 ]; do
 done
 
 say() { echo "smoke: $*" >&2; }
-verdict() {  # verdict PASS|FAIL|SKIP message: the one line on stdout, then exit
-  local code
-  case $1 in PASS) code=0 ;; FAIL) code=1 ;; *) code=3 ;; esac
-  echo "smoke $MODE: $1 $2 ($(date -u +%Y-%m-%dT%H:%MZ))"
+verdict() {  # verdict PASS|FAIL|SKIP message...: the one line on stdout, then exit
+  local code status=$1
+  shift
+  case $status in PASS) code=0 ;; FAIL) code=1 ;; *) code=3 ;; esac
+  echo "smoke $MODE: $status $* ($(date -u +%Y-%m-%dT%H:%MZ))"
   exit "$code"
 }
 fail() { verdict FAIL "$*"; }
@@ -170,20 +172,33 @@ if mode == "podman":
             },
         }
     )
+    # The Job's pod spec as a Pod, with the Job's restartPolicy (OnFailure): it is restarted
+    # until it succeeds, as the Job's pod would be (all pods start at once, before PostgreSQL
+    # answers).
     job = one("migrate-job.yaml", "Job")
-    pod = adapt(job["spec"]["template"]["spec"])
-    pod["restartPolicy"] = "Never"
     docs.append(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": job["metadata"]["name"], **{"labels": job["metadata"]["labels"]}},
-            "spec": pod,
+            "spec": adapt(job["spec"]["template"]["spec"]),
         }
     )
+    # podman before 4.7 publishes every containerPort on the host (hostPort = containerPort), so
+    # two replicas of one Deployment collide on 9470: the Deployment is played once per replica,
+    # each with one replica and a host port of its own (19470, 19471, ...).
     deployment = one("deployment.yaml", "Deployment")
-    deployment["spec"]["template"]["spec"] = adapt(deployment["spec"]["template"]["spec"])
-    docs.append(deployment)
+    spec = adapt(deployment["spec"]["template"]["spec"])
+    for i in range(deployment["spec"]["replicas"]):
+        one_replica = copy.deepcopy(deployment)
+        if i:
+            one_replica["metadata"]["name"] += f"-{i + 1}"
+        one_replica["spec"]["replicas"] = 1
+        one_replica["spec"]["template"]["spec"] = copy.deepcopy(spec)
+        for c in one_replica["spec"]["template"]["spec"]["containers"]:
+            for port in c.get("ports", []):
+                port["hostPort"] = 10000 + port["containerPort"] + i
+        docs.append(one_replica)
 else:
     docs.append(
         {
@@ -295,7 +310,7 @@ build_image() {
   spec=$("$ENGINE" run --rm --entrypoint python "$IMAGE" -c \
     "import importlib.util as u; print(u.find_spec('pgserver') is None)")
   [ "$spec" = True ] || fail "the image carries pgserver (the embedded extra)"
-  NOTES+=(" image $("$ENGINE" image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}') as uid/gid 10001:10001 without pgserver")
+  NOTES+=("image $("$ENGINE" image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}') as uid/gid 10001:10001 without pgserver")
 }
 
 # -- compose ----------------------------------------------------------------------------------------
@@ -347,8 +362,9 @@ podman_up() {
 }
 podman_down() { podman kube down "$TMP/play.yaml" >/dev/null 2>&1; }
 if [ "$MODE" = podman ]; then
-  # Containers by pod: the infra containers have no image of ours.
-  in_pods() { podman ps -a --format '{{.ID}} {{.PodName}} {{.Image}}' | awk -v img="$1" '$3 ~ img'; }
+  # Containers by pod (`--pod`, without which podman 4 leaves .PodName empty): the infra
+  # containers have no image of ours.
+  in_pods() { podman ps -a --pod --format '{{.ID}} {{.PodName}} {{.Image}}' | awk -v img="$1" '$3 ~ img'; }
   pg_ref() { in_pods postgres | awk '$2 == "smoke-postgres" {print $1; exit}'; }
   worker_refs() { in_pods "$IMAGE" | awk '$2 != "worker-migrate" {print $1}'; }
   migrate_ref() { in_pods "$IMAGE" | awk '$2 == "worker-migrate" {print $1; exit}'; }
@@ -383,7 +399,7 @@ kube_up() {
   kube apply -f "$TMP/apply.yaml" >&2 || fail "kubectl apply failed"
   if kubectl get crd scaledobjects.keda.sh >/dev/null 2>&1; then
     kube apply -f deploy/k8s/keda-scaledobject.yaml >&2 || fail "the KEDA objects do not apply"
-    NOTES+=(" KEDA objects applied")
+    NOTES+=("KEDA objects applied")
   fi
   kube wait --for=condition=complete --timeout="${TIMEOUT}s" job/worker-migrate >&2 \
     || fail "the migrate Job did not complete"
@@ -435,7 +451,7 @@ wait_for "postgres answers" psql_q "SELECT 1" || fail "postgres does not answer"
 want=$(find schema -name '[0-9]*.sql' | wc -l)
 have=$(psql_q "SELECT count(*) FROM worker.schema_migrations")
 [ "$have" = "$want" ] || fail "worker.schema_migrations holds $have migrations, schema/ has $want"
-NOTES+=(" migrate applied $have migrations")
+NOTES+=("migrate applied $have migrations")
 
 mapfile -t WORKERS < <(worker_refs)
 [ ${#WORKERS[@]} -ge 1 ] || fail "no worker container"
@@ -477,10 +493,22 @@ count() {  # count STATE: this run's tasks in that state
 started() { [ "$(count "done")" -gt 0 ] || [ "$(count in_progress)" -gt 0 ]; }
 wait_for "tasks running" started || fail "no task of the burst started"
 
+# The victim's own tasks: those its processes (its worker rows, by host name) hold when it dies.
+# They must come back once their leases lapse and end done, on a second attempt.
 victim=${WORKERS[0]}
-at_kill=$(count in_progress)
-say "killing worker ${victim##*/} (SIGKILL) with $at_kill task(s) in progress"
+victim_host=$(x_exec "$victim" python -c "import socket; print(socket.gethostname())") \
+  || fail "cannot read the host name of worker ${victim##*/}"
+victim_workers=$(psql_q "SELECT string_agg(quote_literal(id::text), ',') FROM worker.workers
+  WHERE host = '$victim_host' AND stopped_at IS NULL")
+[ -n "$victim_workers" ] || fail "worker ${victim##*/} ($victim_host) has no row in worker.workers"
+say "killing worker ${victim##*/} (SIGKILL)"
 kill_worker "$victim" || fail "cannot kill worker ${victim##*/}"
+orphans=$(psql_q "SELECT string_agg(id::text, ',') FROM worker.tasks
+  WHERE payload->>'smoke' = '$RUN_ID' AND state = 'in_progress'
+    AND worker_id::text IN ($victim_workers)")
+at_kill=$(echo "${orphans:-}" | tr ',' '\n' | grep -c .)
+say "it held $at_kill task(s) in progress"
+[ "$at_kill" -gt 0 ] || fail "worker ${victim##*/} held no task of the burst when it was killed"
 say "restarting postgres"
 restart_postgres || fail "cannot restart postgres"
 sleep 5
@@ -493,6 +521,10 @@ fi
 stuck=$(psql_q "SELECT count(*) FROM worker.tasks WHERE state = 'in_progress'")
 [ "$stuck" = 0 ] || fail "$stuck row(s) left in_progress"
 retried=$(psql_q "SELECT count(*) FROM worker.tasks WHERE payload->>'smoke' = '$RUN_ID' AND attempts > 1")
+rescued=$(psql_q "SELECT count(*) FROM worker.tasks WHERE id IN ($orphans) AND state = 'done'
+  AND attempts > 1")
+[ "$rescued" = "$at_kill" ] \
+  || fail "of the $at_kill task(s) the killed worker held, $rescued ended done on a later attempt"
 
 # The logs: the bind address said as bound, and (the demo password is `worker`, the product's
 # name) no mask outside a DSN or password field.
@@ -503,4 +535,5 @@ masked=$(echo "$logs" | sed -E 's#://[^ :@/]*:\*\*\*@##g; s#password=\*\*\*##g' 
 [ -z "$masked" ] || fail "a log line masks a word: $(echo "$masked" | head -1)"
 
 verdict PASS "$TASKS/$TASKS tasks done, 0 in_progress, $retried retried, after SIGKILL of a" \
-  "worker with $at_kill in progress and a PostgreSQL restart; $(IFS=';'; echo "${NOTES[*]}")"
+  "worker holding $at_kill (all done on a later attempt) and a PostgreSQL restart;" \
+  "$(printf '%s; ' "${NOTES[@]}" | sed 's/; $//')"

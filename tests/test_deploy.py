@@ -1082,15 +1082,29 @@ def test_the_smoke_manifests_are_the_deploy_ones_adapted(target: str) -> None:
                     )
         return spec
 
-    worker_spec = k8s("Deployment", "worker")["spec"]["template"]["spec"]
-    played = by_name[("Deployment", "worker")]["spec"]["template"]["spec"]
-    assert played == expected(worker_spec)
+    worker = k8s("Deployment", "worker")
+    worker_spec = worker["spec"]["template"]["spec"]
     job_spec = k8s("Job", "worker-migrate")["spec"]["template"]["spec"]
-    if target == "podman":  # podman runs no Job: its pod spec, as a Pod that runs once
+    if target == "podman":
+        # podman before 4.7 publishes each containerPort on the host: one Deployment per
+        # replica, each with a host port of its own and otherwise the pod spec unchanged.
+        names = ["worker"] + [f"worker-{i}" for i in range(2, worker["spec"]["replicas"] + 1)]
+        host_ports = []
+        for name in names:
+            played = by_name[("Deployment", name)]
+            assert played["spec"]["replicas"] == 1
+            spec = json.loads(json.dumps(played["spec"]["template"]["spec"]))
+            (port,) = spec["containers"][0]["ports"]
+            host_ports.append(port.pop("hostPort"))
+            assert spec == expected(worker_spec)
+        assert len(set(host_ports)) == len(names) and 9470 not in host_ports
+        # podman runs no Job: its pod spec as a Pod, restarted on failure as the Job's pod is.
         pod = by_name[("Pod", "worker-migrate")]["spec"]
-        assert pod == {**expected(job_spec), "restartPolicy": "Never"}
+        assert pod == expected(job_spec) and pod["restartPolicy"] == "OnFailure"
         assert ("Pod", "smoke-postgres") in by_name
     else:
+        played = by_name[("Deployment", "worker")]["spec"]["template"]["spec"]
+        assert played == expected(worker_spec)
         assert by_name[("Job", "worker-migrate")]["spec"]["template"]["spec"] == expected(job_spec)
         secret = by_name[("Secret", "worker-db")]["stringData"]
         assert set(secret) == set(k8s("Secret", "worker-db")["stringData"])
@@ -1129,6 +1143,13 @@ def run_smoke(mode: str) -> None:
     assert r.returncode == 0 and verdict.startswith(f"smoke {mode}: PASS"), (
         verdict + "\n" + r.stderr[-4000:]
     )
+    # The whole line, to its date: what survived what, and the notes of the run.
+    assert re.fullmatch(
+        rf"smoke {mode}: PASS (\d+)/\1 tasks done, 0 in_progress, \d+ retried, after SIGKILL of "
+        r"a worker holding [1-9]\d* \(all done on a later attempt\) and a PostgreSQL restart; "
+        r".*migrate applied \d+ migrations \(\d{4}-\d\d-\d\dT\d\d:\d\dZ\)",
+        verdict,
+    ), verdict
 
 
 @pytest.mark.deploy
