@@ -17,8 +17,10 @@
 
 DROP INDEX {schema}.limit_permits_free_idx;
 DROP INDEX {schema}.limit_permits_task_idx;
--- Room on each page for the next version of its permits.
-ALTER TABLE {schema}.limit_permits SET (fillfactor = 50);
+-- Room on each page for the next version of its permits, and a vacuum soon after they turn over
+-- (the worker's own vacuum service also vacuums them, between autovacuum's visits).
+ALTER TABLE {schema}.limit_permits SET (fillfactor = 50, autovacuum_vacuum_scale_factor = 0,
+                                        autovacuum_vacuum_threshold = 2000);
 
 -- Keep a queue's permits up to its limit: slots above it go (a row still running on one counts
 -- toward the limit by the claim's own count until it ends), and so do the per-key permits of a
@@ -52,23 +54,22 @@ BEGIN
 END;
 $$;
 
--- Whether a permit held by (task, attempt) is free at t0: nobody holds it, or its holder's attempt
--- no longer runs under a live lease. One definition for every claim (the planner inlines it).
-CREATE FUNCTION {schema}.permit_free(holder bigint, holder_attempt integer, t0 timestamptz)
-RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT holder IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {schema}.tasks AS t
-         WHERE t.id = holder AND t.attempts = holder_attempt
-           AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
-$$;
+-- The free permits: nobody holds them, or their holder's attempt no longer runs under a live
+-- lease (as of the transaction's start: a lease that lapsed since still counts, the safe side).
+-- One definition for every claim; a view, so that the planner reads it as part of each query
+-- (and SELECT ... FOR UPDATE on it locks the permits).
+CREATE VIEW {schema}.free_permits AS
+SELECT p.queue, p.limit_key, p.slot
+  FROM {schema}.limit_permits AS p
+ WHERE p.task_id IS NULL
+    OR NOT EXISTS (SELECT 1 FROM {schema}.tasks AS t
+                    WHERE t.id = p.task_id AND t.attempts = p.attempt
+                      AND t.state = 'in_progress' AND t.lease_expires_at >= now());
 
 -- A free permit of key k (slot <= c), locked for this claim, or NULL. `mine`: the slots this
 -- claim already took for k (its own locks do not keep it from taking them twice).
 DROP FUNCTION {schema}.take_key_permit(text, text, integer, timestamptz);
-CREATE FUNCTION {schema}.take_key_permit(q text, k text, c integer, t0 timestamptz,
-                                         mine integer[])
+CREATE FUNCTION {schema}.take_key_permit(q text, k text, c integer, mine integer[])
 RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -76,15 +77,13 @@ DECLARE
     got integer;
 BEGIN
     LOOP
-        SELECT p.slot INTO got FROM {schema}.limit_permits AS p
+        SELECT p.slot INTO got FROM {schema}.free_permits AS p
          WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
-           AND {schema}.permit_free(p.task_id, p.attempt, t0)
          ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
         EXIT WHEN NOT FOUND;
         -- Checked again now that it is locked (see the same check in claim_limited_rows).
-        IF EXISTS (SELECT 1 FROM {schema}.limit_permits AS p
-                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got
-                      AND {schema}.permit_free(p.task_id, p.attempt, t0)) THEN
+        IF EXISTS (SELECT 1 FROM {schema}.free_permits AS p
+                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got) THEN
             RETURN got;
         END IF;
         mine := mine || got;
@@ -96,7 +95,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN NULL;
         END;
-        RETURN {schema}.take_key_permit(q, k, c, t0, mine);
+        RETURN {schema}.take_key_permit(q, k, c, mine);
     END IF;
     RETURN NULL;
 END;
@@ -177,9 +176,8 @@ BEGIN
         -- Free permits, lowest slots first: never held, or held by an attempt that no longer
         -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
         permits := ARRAY(
-            SELECT p.slot FROM {schema}.limit_permits AS p
+            SELECT p.slot FROM {schema}.free_permits AS p
              WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
-               AND {schema}.permit_free(p.task_id, p.attempt, t0)
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
         -- Checked again, now that they are locked, by a statement whose snapshot is taken after
@@ -188,11 +186,10 @@ BEGIN
         -- it was before that claim (not yet running), so it looked free.
         IF cardinality(permits) > 0 THEN
             permits := ARRAY(
-                SELECT p.slot FROM {schema}.limit_permits AS p
+                SELECT p.slot FROM {schema}.free_permits AS p
                  WHERE p.queue = q AND p.limit_key = ''
                    AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
                    AND array_position(permits, p.slot) IS NOT NULL
-                   AND {schema}.permit_free(p.task_id, p.attempt, t0)
                  ORDER BY p.slot);
         END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
@@ -300,7 +297,7 @@ BEGIN
             kslot := NULL;
             IF cand.k IS NOT NULL AND lim.key_concurrency IS NOT NULL THEN
                 kslot := {schema}.take_key_permit(
-                    q, cand.k, lim.key_concurrency, t0,
+                    q, cand.k, lim.key_concurrency,
                     ARRAY(SELECT x.s FROM unnest(rowkeys, rowslots) AS x(k, s)
                            WHERE x.k = cand.k AND x.s IS NOT NULL));
                 IF kslot IS NULL THEN

@@ -612,9 +612,8 @@ BEGIN
         -- Free permits, lowest slots first: never held, or held by an attempt that no longer
         -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
         permits := ARRAY(
-            SELECT p.slot FROM "worker".limit_permits AS p
+            SELECT p.slot FROM "worker".free_permits AS p
              WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
-               AND "worker".permit_free(p.task_id, p.attempt, t0)
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
         -- Checked again, now that they are locked, by a statement whose snapshot is taken after
@@ -623,11 +622,10 @@ BEGIN
         -- it was before that claim (not yet running), so it looked free.
         IF cardinality(permits) > 0 THEN
             permits := ARRAY(
-                SELECT p.slot FROM "worker".limit_permits AS p
+                SELECT p.slot FROM "worker".free_permits AS p
                  WHERE p.queue = q AND p.limit_key = ''
                    AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
                    AND array_position(permits, p.slot) IS NOT NULL
-                   AND "worker".permit_free(p.task_id, p.attempt, t0)
                  ORDER BY p.slot);
         END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
@@ -735,7 +733,7 @@ BEGIN
             kslot := NULL;
             IF cand.k IS NOT NULL AND lim.key_concurrency IS NOT NULL THEN
                 kslot := "worker".take_key_permit(
-                    q, cand.k, lim.key_concurrency, t0,
+                    q, cand.k, lim.key_concurrency,
                     ARRAY(SELECT x.s FROM unnest(rowkeys, rowslots) AS x(k, s)
                            WHERE x.k = cand.k AND x.s IS NOT NULL));
                 IF kslot IS NULL THEN
@@ -1062,17 +1060,6 @@ BEGIN
     ON CONFLICT (queue) DO NOTHING;
     RETURN FOUND;  -- false: it was paused already, and its first pause stands
 END;
-$$;
-
--- Name: permit_free(bigint, integer, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.permit_free(holder bigint, holder_attempt integer, t0 timestamp with time zone) RETURNS boolean
-    LANGUAGE sql STABLE
-    AS $$
-    SELECT holder IS NULL OR NOT EXISTS (
-        SELECT 1 FROM "worker".tasks AS t
-         WHERE t.id = holder AND t.attempts = holder_attempt
-           AND t.state = 'in_progress' AND t.lease_expires_at >= t0)
 $$;
 
 -- Name: record_action(text, text, jsonb, jsonb, text, boolean, text); Type: FUNCTION; Schema: worker; Owner: -
@@ -1464,24 +1451,22 @@ BEGIN
 END;
 $$;
 
--- Name: take_key_permit(text, text, integer, timestamp with time zone, integer[]); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: take_key_permit(text, text, integer, integer[]); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, t0 timestamp with time zone, mine integer[]) RETURNS integer
+CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, mine integer[]) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
     got integer;
 BEGIN
     LOOP
-        SELECT p.slot INTO got FROM "worker".limit_permits AS p
+        SELECT p.slot INTO got FROM "worker".free_permits AS p
          WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
-           AND "worker".permit_free(p.task_id, p.attempt, t0)
          ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
         EXIT WHEN NOT FOUND;
         -- Checked again now that it is locked (see the same check in claim_limited_rows).
-        IF EXISTS (SELECT 1 FROM "worker".limit_permits AS p
-                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got
-                      AND "worker".permit_free(p.task_id, p.attempt, t0)) THEN
+        IF EXISTS (SELECT 1 FROM "worker".free_permits AS p
+                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got) THEN
             RETURN got;
         END IF;
         mine := mine || got;
@@ -1493,7 +1478,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             RETURN NULL;
         END;
-        RETURN "worker".take_key_permit(q, k, c, t0, mine);
+        RETURN "worker".take_key_permit(q, k, c, mine);
     END IF;
     RETURN NULL;
 END;
@@ -1752,7 +1737,61 @@ CREATE TABLE worker.limit_permits (
     task_id bigint,
     attempt integer
 )
-WITH (fillfactor='50');
+WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='2000');
+
+-- Name: tasks; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.tasks (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    CONSTRAINT tasks_attempts_not_negative CHECK ((attempts >= 0)),
+    CONSTRAINT tasks_cron_pair CHECK (((cron_key IS NULL) = (cron_at IS NULL))),
+    CONSTRAINT tasks_lease_iff_running CHECK (((state = 'in_progress'::worker.task_state) = (lease_expires_at IS NOT NULL))),
+    CONSTRAINT tasks_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT tasks_priority_range CHECK (((priority >= '-1000000'::integer) AND (priority <= 1000000))),
+    CONSTRAINT tasks_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT tasks_task_not_empty CHECK ((task <> ''::text))
+)
+WITH (autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.0', autovacuum_vacuum_insert_threshold='20000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_limit='2000');
+
+-- Name: free_permits; Type: VIEW; Schema: worker; Owner: -
+
+CREATE VIEW worker.free_permits AS
+ SELECT queue,
+    limit_key,
+    slot
+   FROM worker.limit_permits p
+  WHERE ((task_id IS NULL) OR (NOT (EXISTS ( SELECT 1
+           FROM worker.tasks t
+          WHERE ((t.id = p.task_id) AND (t.attempts = p.attempt) AND (t.state = 'in_progress'::worker.task_state) AND (t.lease_expires_at >= now()))))));
 
 -- Name: limit_rates; Type: TABLE; Schema: worker; Owner: -
 
@@ -1863,49 +1902,6 @@ CREATE TABLE worker.task_routes (
     CONSTRAINT task_routes_queue_length CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 255))),
     CONSTRAINT task_routes_task_length CHECK (((char_length(task) >= 1) AND (char_length(task) <= 255)))
 );
-
--- Name: tasks; Type: TABLE; Schema: worker; Owner: -
-
-CREATE TABLE worker.tasks (
-    id bigint NOT NULL,
-    queue text NOT NULL,
-    task text NOT NULL,
-    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
-    priority integer DEFAULT 0 NOT NULL,
-    run_at timestamp with time zone DEFAULT now() NOT NULL,
-    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    max_attempts integer,
-    last_error text,
-    dedupe_key text,
-    cron_key text,
-    cron_at timestamp with time zone,
-    worker_id uuid,
-    lease_expires_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    handed_back integer DEFAULT 0 NOT NULL,
-    errors jsonb,
-    cancel_requested_at timestamp with time zone,
-    cancelled_by text,
-    result jsonb,
-    trace_context jsonb,
-    limit_key text,
-    limit_held boolean,
-    workflow_id bigint,
-    pending_deps integer,
-    dependents boolean,
-    inputs jsonb,
-    CONSTRAINT tasks_attempts_not_negative CHECK ((attempts >= 0)),
-    CONSTRAINT tasks_cron_pair CHECK (((cron_key IS NULL) = (cron_at IS NULL))),
-    CONSTRAINT tasks_lease_iff_running CHECK (((state = 'in_progress'::worker.task_state) = (lease_expires_at IS NOT NULL))),
-    CONSTRAINT tasks_max_attempts_positive CHECK ((max_attempts >= 1)),
-    CONSTRAINT tasks_priority_range CHECK (((priority >= '-1000000'::integer) AND (priority <= 1000000))),
-    CONSTRAINT tasks_queue_not_empty CHECK ((queue <> ''::text)),
-    CONSTRAINT tasks_task_not_empty CHECK ((task <> ''::text))
-)
-WITH (autovacuum_vacuum_scale_factor='0.0', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.0', autovacuum_vacuum_insert_threshold='20000', autovacuum_analyze_scale_factor='0.02', autovacuum_vacuum_cost_limit='2000');
 
 -- Name: tasks_id_seq; Type: SEQUENCE; Schema: worker; Owner: -
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import psutil
 import psycopg
 import pytest
-from conftest import run_cli, spawn_cli, wait_until
+from conftest import every_statement, run_cli, spawn_cli, wait_until
 from test_metrics import fetch, scrape
 from test_pool import kill_tree
 
@@ -27,6 +27,7 @@ import worker
 from worker import store
 from worker.db.migrate import migrations
 from worker.db.sql import render
+from worker.engine.vacuum import VacuumConfig, Vacuumer
 from worker.monitor.server import serve
 
 
@@ -798,6 +799,15 @@ def test_permits_carry_no_index_a_claim_would_change(
     assert updates >= 40000, updates
     assert hot >= 0.9 * updates, (hot, updates)
     assert pages <= 200, pages  # 2,000 permits at half-full pages: about 30 pages when fresh
+    # What turnover leaves behind, the worker's vacuum service removes between autovacuum's visits.
+    config = VacuumConfig(min_dead=10**9, min_dead_permits=100, min_gap_seconds=0)
+    Vacuumer(every_statement(schema), schema, config).tick(conn, 10_000)
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    (vacuums,) = conn.execute(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        (f"{schema}.limit_permits",),
+    ).fetchone()
+    assert vacuums == 1
 
 
 def test_claims_racing_for_the_same_permits_never_exceed_the_limit(

@@ -9,6 +9,8 @@ across the fleet, by an advisory lock), vacuums the table itself when it holds m
 nobody vacuumed it recently. A vacuum that frees little (a long transaction elsewhere holds the
 xmin horizon back) makes it wait longer before the next try; a vacuum that did not run because
 another (autovacuum's) had the table is no such sign, and the next check simply comes as usual.
+The permits of concurrency limits, which every limited claim updates, are vacuumed the same way
+(a small table: a vacuum of it takes milliseconds).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ VACUUM_LOCK_CLASS = 0x776B7202 - 2**31
 class VacuumConfig:
     check_seconds: float = 10.0  # how often to look at the table's statistics
     min_dead: int = 100_000  # dead row versions worth a vacuum of our own
+    min_dead_permits: int = 5_000  # the same for the permits of concurrency limits
     min_gap_seconds: float = 10.0  # since the last vacuum, by anyone
     timeout_ms: int = 300_000  # a vacuum may take this long (maintenance statements: 10 s)
     max_backoff_seconds: float = 600.0
@@ -45,6 +48,7 @@ class Vacuumer:
         self.q = q
         self.config = config or VacuumConfig()
         self._table = f'"{schema}".tasks'
+        self._permits = f'"{schema}".limit_permits'
         self._key = zlib.crc32(schema.encode()) - 2**31
         self._wait_until = 0.0
         self._backoff = 0.0
@@ -59,7 +63,10 @@ class Vacuumer:
         """Vacuum if it is worth it; returns the dead rows it removed (by the statistics)."""
         cfg = self.config
         now = time.monotonic()
-        if self._disabled or now < self._wait_until:
+        if self._disabled:
+            return 0
+        self._vacuum_permits(conn)
+        if now < self._wait_until:
             return 0
         row = conn.execute(self.q["vacuum_state"], {"table": self._table}).fetchone()
         if row is None:
@@ -129,6 +136,23 @@ class Vacuumer:
             log.info("vacuumed the task table: %d dead rows removed in %.1fs", removed, took)
         self._wait_until = time.monotonic() + self._backoff
         return removed
+
+    def _vacuum_permits(self, conn: psycopg.Connection) -> None:
+        row = conn.execute(self.q["vacuum_state"], {"table": self._permits}).fetchone()
+        if row is None:
+            return
+        dead, since, allowed, running = int(row[0] or 0), row[1], bool(row[2]), bool(row[3])
+        fresh = since is not None and since < self.config.min_gap_seconds
+        if dead < self.config.min_dead_permits or fresh or running or not allowed:
+            return
+        lock = {"class": VACUUM_LOCK_CLASS, "key": self._key}
+        got = conn.execute(self.q["vacuum_try_lock"], lock).fetchone()
+        if not got or not got[0]:
+            return
+        try:
+            conn.execute(self.q["vacuum_permits"], prepare=False)
+        finally:
+            conn.execute(self.q["vacuum_unlock"], lock)
 
 
 __all__ = ["VACUUM_LOCK_CLASS", "VacuumConfig", "Vacuumer"]

@@ -44,3 +44,8 @@ SELECT pg_advisory_unlock(%(class)s, %(key)s);
 -- name: vacuum_tasks
 -- SKIP_LOCKED: if autovacuum (or anyone) is vacuuming it now, there is nothing to add.
 VACUUM (SKIP_LOCKED) {schema}.tasks;
+
+-- name: vacuum_permits
+-- The permits of concurrency limits (schema/0020): a small table every limited claim updates,
+-- whose dead versions a claim would otherwise walk until autovacuum's next visit.
+VACUUM (SKIP_LOCKED) {schema}.limit_permits;
