@@ -308,6 +308,24 @@ def test_chain_chord_and_a_graph_with_a_failure_policy(
     assert len(runs_of(conn, schema, g[anyway])) == 1  # it ran once, at the failure
 
 
+def test_a_worker_that_keeps_no_finished_rows_still_releases_the_next_steps(
+    recorded: str, conn: psycopg.Connection, thread_worker
+) -> None:
+    """With keep_done_seconds=0 finished rows are deleted at their acknowledgement; a step that
+    others wait for is kept (done) so that its dependents are settled, the others go."""
+    schema = recorded
+    # Steps that return nothing: their acknowledgement is the plain one, which deletes.
+    flow = worker.chain(worker.step(fm.noop), worker.step(fm.noop), worker.step(fm.add, {"n": 1}))
+    ids = worker.enqueue_workflow(conn, flow, schema=schema)
+    with thread_worker(worker.registry, keep_done_seconds=0):
+        wait_until(lambda: len(runs_of(conn, schema, ids[flow.steps[-1]])) == 1, timeout=30)
+        wait_until(lambda: unfinished(conn, schema) == 0, timeout=30)
+    assert [r[2] for r in runs_of(conn, schema, ids[flow.steps[-1]])] == [[None]]
+    assert row(conn, schema, ids[flow.steps[0]])[0] == "done"
+    assert row(conn, schema, ids[flow.steps[1]])[0] == "done"
+    assert row(conn, schema, ids[flow.steps[2]]) is None  # deleted at its acknowledgement
+
+
 def test_enqueue_workflow_is_transactional_with_the_callers_writes(
     recorded: str, conn: psycopg.Connection, pg_dsn: str
 ) -> None:
