@@ -148,20 +148,24 @@ WITH gone AS (
      ))
     RETURNING id, workflow_id
 ), steps AS (
-    SELECT g.id, g.workflow_id FROM gone AS g WHERE g.workflow_id IS NOT NULL
+    SELECT count(*) AS n,
+           coalesce(array_agg(g.id) FILTER (WHERE g.workflow_id IS NOT NULL), '{}') AS ids,
+           coalesce(array_agg(DISTINCT g.workflow_id) FILTER (WHERE g.workflow_id IS NOT NULL),
+                    '{}') AS flows
+      FROM gone AS g
 ), edges AS (
     DELETE FROM {schema}.task_deps AS d
-     WHERE d.task_id = ANY(ARRAY(SELECT s.id FROM steps AS s))
+     WHERE d.task_id = ANY((SELECT s.ids FROM steps AS s)::bigint[])
 ), flows AS (
     -- The statement sees the tasks as they were before it: a workflow is empty when every step
     -- it still sees is among those deleted now.
     DELETE FROM {schema}.workflows AS w
-     WHERE w.id = ANY(ARRAY(SELECT DISTINCT s.workflow_id FROM steps AS s))
+     WHERE w.id = ANY((SELECT s.flows FROM steps AS s)::bigint[])
        AND NOT EXISTS (SELECT 1 FROM {schema}.tasks AS t
                         WHERE t.workflow_id = w.id
-                          AND t.id <> ALL(ARRAY(SELECT s.id FROM steps AS s)))
+                          AND t.id <> ALL((SELECT s.ids FROM steps AS s)::bigint[]))
 )
-SELECT count(*) FROM gone;
+SELECT s.n FROM steps AS s;
 
 -- name: settle_missed
 -- Workflows (schema/0022): steps that finished without an acknowledgement that settled their
