@@ -1,9 +1,6 @@
 -- `worker bench`'s workflow phases: their reads, from the database clock.
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
--- name: bench_flow_truncate
-TRUNCATE {schema}.tasks, {schema}.task_deps, {schema}.workflows;
-
 -- name: bench_flow_join
 -- The join of a fan-out: its state, and how long after the last of its inputs' acknowledgement
 -- it started (its started_at minus the latest finished_at of the steps it waits for), in ms.
