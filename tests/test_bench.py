@@ -97,8 +97,9 @@ def test_the_workflow_phases_report_a_fan_out_against_a_plain_drain_and_a_chain(
     f = report["workflows"]["fanout"]
     assert f["steps"] == 300 and f["runs"] == 2 == len(f["all_ratios"]) == len(f["join_start_ms"])
     assert f["plain_per_s"] > 0 and f["steps_per_s"] > 0 and f["ratio"] > 0
-    # Read from the database clock: the join cannot start before its last input finished.
-    assert all(ms >= 0 for ms in f["join_start_ms"])
+    # From the database clock, transaction times: a claim whose transaction began just before
+    # the last input's acknowledgement committed reads a little below 0, never by seconds.
+    assert all(-1000 < ms < 60_000 for ms in f["join_start_ms"])
     assert f["join_start_p99_ms"] == max(f["join_start_ms"])
     assert f["target_met"] is (f["ratio"] >= 0.7 and f["join_start_p99_ms"] <= 50)
     c = report["workflows"]["chain"]

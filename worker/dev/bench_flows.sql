@@ -3,7 +3,9 @@
 
 -- name: bench_flow_join
 -- The join of a fan-out: its state, and how long after the last of its inputs' acknowledgement
--- it started (its started_at minus the latest finished_at of the steps it waits for), in ms.
+-- it started (its started_at minus the latest finished_at of the steps it waits for), in ms. Both
+-- are transaction times: a claim whose transaction began before the acknowledgement committed
+-- reads slightly below 0.
 SELECT j.state::text,
        extract(epoch FROM j.started_at - (SELECT max(p.finished_at)
                                            FROM {schema}.task_deps AS d
