@@ -1348,8 +1348,13 @@ DECLARE
     earliest timestamptz;
     first_at timestamptz;
     queues   text[];
+    kids     bigint[];
+    counts   integer[];
+    blockers bigint[];
+    errors   text[];
 BEGIN
     WHILE cardinality(parents) > 0 LOOP
+        -- The outcomes (and results) of the finished steps, onto their edges.
         WITH p AS (
             UPDATE "worker".tasks AS t SET dependents = false
              WHERE t.id = ANY(parents) AND t.dependents
@@ -1360,19 +1365,28 @@ BEGIN
                SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END
               FROM p
              WHERE d.depends_on = p.id AND d.outcome IS NULL
-            RETURNING d.task_id, d.depends_on, d.position, d.run_on_failure, d.outcome, d.result,
-                      p.task
+            RETURNING d.task_id, d.depends_on, d.run_on_failure, d.outcome, p.task
         ), c AS (
             SELECT e.task_id AS id, count(*)::integer AS n,
                    min(e.depends_on) FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure)
                        AS blocker
               FROM e GROUP BY e.task_id
-        ), locked AS (
-            -- In id order: the acknowledgements of other workers settle the same joins.
-            SELECT t.id FROM "worker".tasks AS t
-             WHERE t.id = ANY(ARRAY(SELECT c.id FROM c))
-             ORDER BY t.id
-               FOR UPDATE
+        )
+        SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
+               coalesce(array_agg(c.n ORDER BY c.id), '{}'),
+               coalesce(array_agg(c.blocker ORDER BY c.id), '{}'),
+               coalesce(array_agg((SELECT format('DependencyFailed: step %s (%s) ended %s',
+                                                 e.depends_on, left(e.task, 100), e.outcome)
+                                     FROM e WHERE e.task_id = c.id AND e.depends_on = c.blocker)
+                                  ORDER BY c.id), '{}')
+          INTO kids, counts, blockers, errors
+          FROM c;
+        EXIT WHEN cardinality(kids) = 0;
+        -- In id order: the acknowledgements of other workers settle the same joins.
+        PERFORM 1 FROM "worker".tasks AS t WHERE t.id = ANY(kids) ORDER BY t.id FOR UPDATE;
+        -- A statement of its own, so that it sees what was committed before the locks.
+        WITH c AS (
+            SELECT * FROM unnest(kids, counts, blockers, errors) AS c(id, n, blocker, error)
         ), moved AS (
             UPDATE "worker".tasks AS t
                SET pending_deps = t.pending_deps - c.n,
@@ -1385,24 +1399,13 @@ BEGIN
                    finished_at = CASE WHEN c.blocker IS NOT NULL THEN now() END,
                    cancelled_by = CASE WHEN c.blocker IS NOT NULL THEN 'workflow'
                                        ELSE t.cancelled_by END,
-                   last_error = CASE WHEN c.blocker IS NOT NULL
-                                     THEN (SELECT format('DependencyFailed: step %s (%s) ended %s',
-                                                         e.depends_on, left(e.task, 100), e.outcome)
-                                             FROM e WHERE e.task_id = t.id
-                                              AND e.depends_on = c.blocker)
+                   last_error = CASE WHEN c.blocker IS NOT NULL THEN c.error
                                      ELSE t.last_error END,
-                   -- The results of every dependency, in edge order: those settled before from
-                   -- the table, those settled by this statement from `e` (a statement does not
-                   -- see its own updates).
                    inputs = CASE WHEN c.blocker IS NULL AND t.pending_deps - c.n <= 0 THEN (
-                       SELECT jsonb_agg(CASE WHEN x.task_id IS NULL THEN d.result ELSE x.result END
-                                        ORDER BY d.position, d.depends_on)
-                         FROM "worker".task_deps AS d
-                         LEFT JOIN e AS x ON x.task_id = d.task_id AND x.depends_on = d.depends_on
-                        WHERE d.task_id = t.id) END
+                       SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
+                         FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
               FROM c
-             WHERE t.id = c.id AND t.id = ANY(ARRAY(SELECT l.id FROM locked AS l))
-               AND t.state = 'waiting'
+             WHERE t.id = c.id AND t.state = 'waiting'
             RETURNING t.id, t.state, t.queue, t.run_at, t.dependents
         )
         SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),

@@ -31,6 +31,12 @@ TINY = (
     "2000",
     "--served-queues",
     "5",
+    "--fanout",
+    "300",
+    "--fanout-runs",
+    "2",
+    "--chain",
+    "40",
 )
 
 
@@ -85,6 +91,23 @@ def test_many_queues_compares_one_busy_queue_among_many_with_it_alone(
         assert m["cost_ratio"] > 0 and m["target_met"] is (m["cost_ratio"] <= 1.5)
 
 
+def test_the_workflow_phases_report_a_fan_out_against_a_plain_drain_and_a_chain(
+    report: dict[str, Any],
+) -> None:
+    f = report["workflows"]["fanout"]
+    assert f["steps"] == 300 and f["runs"] == 2 == len(f["all_ratios"]) == len(f["join_start_ms"])
+    assert f["plain_per_s"] > 0 and f["steps_per_s"] > 0 and f["ratio"] > 0
+    # From the database clock, transaction times: a claim whose transaction began just before
+    # the last input's acknowledgement committed reads a little below 0, never by seconds.
+    assert all(-1000 < ms < 60_000 for ms in f["join_start_ms"])
+    assert f["join_start_p99_ms"] == max(f["join_start_ms"])
+    assert f["target_met"] is (f["ratio"] >= 0.7 and f["join_start_p99_ms"] <= 50)
+    c = report["workflows"]["chain"]
+    assert c["steps"] == 40 and c["processes"] == 2 and c["steps_per_s"] > 0
+    assert 0 <= c["hop_p50_ms"] <= c["hop_p99_ms"] <= c["hop_max_ms"]
+    assert c["target_met"] is (c["steps_per_s"] >= 500)
+
+
 def test_it_cleans_up_after_itself(report: dict[str, Any], pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as conn:
         left = conn.execute(
@@ -112,6 +135,10 @@ def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str) -> None:
         "200",
         "--light-rate",
         "0",
+        "--fanout",
+        "0",
+        "--chain",
+        "0",
         "--json",
         timeout=120,
     )
@@ -122,6 +149,7 @@ def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str) -> None:
     assert lat["rate_per_s"] == 200
     _sane(lat, 100)
     assert report["light_delayed"] is None and report["many_queues"] is None  # --light-rate 0
+    assert report["workflows"] is None  # --fanout 0 --chain 0
 
 
 @pytest.mark.parametrize(
@@ -137,6 +165,9 @@ def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str) -> None:
         ("--light-tasks", "0"),
         ("--delayed-rows", "0"),
         ("--served-queues", "1"),
+        ("--fanout", "-1"),
+        ("--fanout-runs", "0"),
+        ("--chain-processes", "0"),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(

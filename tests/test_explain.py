@@ -611,7 +611,7 @@ def test_purge_reads_only_what_it_deletes(conn: psycopg.Connection, big: str) ->
             f" THEN {KEEP_FAILED} ELSE {KEEP_DONE} END) AND (cron_key IS NULL"
             f" OR finished_at < now() - make_interval(secs => {CRON_KEEP}))"
         ).fetchone()
-        deleted = conn.execute(q_of(big)["purge"], STATEMENTS["purge"](conn, big)).rowcount
+        deleted = conn.execute(q_of(big)["purge"], STATEMENTS["purge"](conn, big)).fetchone()[0]
     assert expired is not None and deleted == expired[0] > dict(BLOCKS)["failed past retention"]
 
 

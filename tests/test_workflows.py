@@ -24,6 +24,7 @@ from test_runtime import overlapping_runs
 
 import worker
 import worker.testing
+from worker import store as worker_store
 
 FINAL = ("done", "failed", "cancelled")
 
@@ -306,6 +307,78 @@ def test_chain_chord_and_a_graph_with_a_failure_policy(
         wait_until(lambda: unfinished(conn, schema) == 0, timeout=30)
     assert [row(conn, schema, g[s])[0] for s in (bad, skipped, deeper)] == ["done"] * 3
     assert len(runs_of(conn, schema, g[anyway])) == 1  # it ran once, at the failure
+
+
+def test_a_worker_that_keeps_no_finished_rows_still_releases_the_next_steps(
+    recorded: str, conn: psycopg.Connection, thread_worker
+) -> None:
+    """With keep_done_seconds=0 finished rows are deleted at their acknowledgement; a step that
+    others wait for is kept (done) so that its dependents are settled, the others go."""
+    schema = recorded
+    # Steps that return nothing: their acknowledgement is the plain one, which deletes.
+    flow = worker.chain(worker.step(fm.noop), worker.step(fm.noop), worker.step(fm.add, {"n": 1}))
+    ids = worker.enqueue_workflow(conn, flow, schema=schema)
+    with thread_worker(worker.registry, keep_done_seconds=0):
+        wait_until(lambda: len(runs_of(conn, schema, ids[flow.steps[-1]])) == 1, timeout=30)
+        wait_until(lambda: unfinished(conn, schema) == 0, timeout=30)
+    assert [r[2] for r in runs_of(conn, schema, ids[flow.steps[-1]])] == [[None]]
+    assert row(conn, schema, ids[flow.steps[0]])[0] == "done"
+    assert row(conn, schema, ids[flow.steps[1]])[0] == "done"
+    assert row(conn, schema, ids[flow.steps[2]]) is None  # deleted at its acknowledgement
+
+
+def test_retention_takes_a_steps_edges_and_the_workflow_left_without_steps(
+    recorded: str, conn: psycopg.Connection, thread_worker
+) -> None:
+    schema = recorded
+    old = worker.enqueue_workflow(
+        conn,
+        worker.group([worker.step(fm.add), worker.step(fm.add)], then=worker.step(fm.collect)),
+        schema=schema,
+    )
+    young = worker.enqueue_workflow(
+        conn, worker.chain(worker.step(fm.add), worker.step(fm.add)), schema=schema
+    )
+    with thread_worker(worker.registry):
+        wait_until(lambda: unfinished(conn, schema) == 0, timeout=30)
+    # The first workflow finished two hours ago; of the second, only its first step did.
+    conn.execute(
+        f"UPDATE {schema}.tasks SET finished_at = now() - interval '2 hours'"
+        " WHERE workflow_id = %s OR id = %s",
+        (old.id, min(young.ids.values())),
+    )
+    # A finished step whose dependents were not settled yet (as a rescue leaves one) stays.
+    held = worker.enqueue_workflow(
+        conn, worker.chain(worker.step(fm.add), worker.step(fm.add)), schema=schema
+    )
+    first = min(held.ids.values())
+    conn.execute(
+        f"UPDATE {schema}.tasks SET state = 'done', finished_at = now() - interval '2 hours'"
+        " WHERE id = %s",
+        (first,),
+    )
+
+    def edges(wf: int) -> int:
+        return conn.execute(
+            f"SELECT count(*) FROM {schema}.task_deps AS d JOIN {schema}.tasks AS t"
+            " ON t.id = d.task_id WHERE t.workflow_id = %s",
+            (wf,),
+        ).fetchone()[0]
+
+    all_edges = conn.execute(f"SELECT count(*) FROM {schema}.task_deps").fetchone()[0]
+    assert all_edges == 2 + 1 + 1
+    gone = worker_store.purge(
+        conn, schema, done_seconds=3600, failed_seconds=3600, cron_keep_seconds=0
+    )
+    assert gone == 3 + 1
+    left = conn.execute(f"SELECT id, workflow_id FROM {schema}.tasks ORDER BY id").fetchall()
+    assert [r[0] for r in left] == sorted([max(young.ids.values()), *held.ids.values()])
+    # The old workflow's edges and row went; the young one keeps the edge its last step needs.
+    assert conn.execute(f"SELECT count(*) FROM {schema}.task_deps").fetchone()[0] == 2
+    assert edges(young.id) == 1 and edges(held.id) == 1
+    flows = {r[0] for r in conn.execute(f"SELECT id FROM {schema}.workflows")}
+    assert flows == {young.id, held.id}
+    assert row(conn, schema, first)[0] == "done"  # kept until the sweep settles it
 
 
 def test_enqueue_workflow_is_transactional_with_the_callers_writes(

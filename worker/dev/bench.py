@@ -24,7 +24,7 @@ import psycopg
 
 from ..db.connect import BENCH, connect
 from ..tasks.enqueue import enqueue_many
-from . import bench_soak
+from . import bench_flows, bench_soak
 from .bench_ceiling import ceiling
 from .bench_phases import (
     BENCH_SCHEMA,
@@ -170,6 +170,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep another session's transaction open during the drains, as a "
         "forgotten psql session would: vacuum then cannot remove dead rows",
     )
+    bench_flows.add_arguments(p, whole=_int_in)
     bench_soak.add_arguments(p, whole=_int_in, number=_number_in)
 
 
@@ -231,6 +232,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         delayed = light_delayed(conn, dsn, args) if args.light_rate > 0 else None
         queues = many_queues(conn, dsn, args) if args.light_rate > 0 else None
         held_phase = light_held(conn, dsn, args) if args.held_seconds > 0 else None
+        flows = bench_flows.run(conn, dsn, args)
         server = conn.execute("SHOW server_version").fetchone()
         fsync = conn.execute("SHOW fsync").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
@@ -258,6 +260,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "light_delayed": delayed,
         "many_queues": queues,
         "light_held": held_phase,
+        "workflows": flows,
         "server": server[0] if server else "?",
         "fsync": fsync[0] if fsync else "?",
         "synchronous_commit": sync[0] if sync else "?",
@@ -366,4 +369,6 @@ def main(args: argparse.Namespace, dsn: str) -> int:
         _row("no transaction held", h["base"])
         _row(f"held {h['held_seconds']:,.0f} s", h["held"])
         print(f"    p99 x{h['p99_ratio']}; target {h['target']}: {_verdict(h['target_met'])}")
+    if r["workflows"]:
+        bench_flows.print_report(r["workflows"], _verdict)
     return 0

@@ -196,7 +196,13 @@ class Batcher:
             stored = store.complete_with_result(
                 conn, self.q.schema, worker_id=self.worker_id, done=with_result
             )
-            store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=sorted(stored))
+            # Waiters wait for tasks that store a result; a step's result passed on to its
+            # dependents alone is no one's to wait for.
+            announced = {j.id for j in jobs if j.id in stored and self.stores_result(j.definition)}
+            if announced:
+                store.notify_done(
+                    conn, self.q.schema, channel=self.done_channel, ids=sorted(announced)
+                )
             kept.update(stored)
         if failures:
             states = store.fail(conn, self.q.schema, worker_id=self.worker_id, failures=failures)

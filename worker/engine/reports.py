@@ -41,6 +41,10 @@ def record(w: Worker, outcome: Outcome) -> None:
             display(c.task),
         )
     w.hooks.finished(w, job.definition, c, outcome.ok, outcome.duration)
+    if c.dependents and not outcome.acked:
+        # A workflow step others wait for: its acknowledgement may release them. Claim in the
+        # same transaction, so the next step starts then, not after the notification's round.
+        w.batcher.mark([c.queue])
     if outcome.acked:
         w.hooks.acked(w, "done", [c.id])
         w.done_count += 1

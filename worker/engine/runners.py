@@ -231,7 +231,9 @@ class Executor:
                 known = self._stores.get(id(d))  # decided once per handler (see __init__)
                 if known is None or known[0] is not d:
                     known = self._stores[id(d)] = (d, self._stores_result(d))
-                if known[1] or job.claimed.dependents:  # a workflow's step passes it on
+                # A workflow's step passes its result on; None needs no statement of its own
+                # (a dependent reads a missing result as None).
+                if known[1] or (job.claimed.dependents and value is not None):
                     # Encoded here, off the main thread; a value that cannot be stored fails
                     # the task at once (ResultError is a DoNotRetry).
                     outcome.result = encode_result(value, self._max_result_bytes)

@@ -60,7 +60,7 @@ def complete(
     kept = {r[0]: "done" for r in deleted}
     if len(kept) < len(ids):
         # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
-        # (they end cancelled): mark those instead.
+        # (they end cancelled) and workflow steps others wait for: mark those instead.
         rest = [(i, a) for i, a in done if i not in kept]
         kept |= complete(conn, schema, worker_id=worker_id, done=rest, delete=False)
     return kept

@@ -64,7 +64,8 @@ SELECT id, state FROM acked;
 -- The same fencing as `complete`, for installations that keep no finished rows (retention 0):
 -- deleting is cheaper than writing a new row version that retention would delete later. Cron rows
 -- and rows with a cancel request are left to `complete` (a cron slot must stay taken; a
--- cancelled task stays visible as cancelled until retention removes it).
+-- cancelled task stays visible as cancelled until retention removes it), and so are workflow steps
+-- that others wait for (settle_steps reads their outcome and result from the row).
 WITH acked AS (
     DELETE FROM {schema}.tasks AS t
      USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
@@ -74,6 +75,7 @@ WITH acked AS (
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
        AND t.cron_key IS NULL
        AND t.cancel_requested_at IS NULL
+       AND t.dependents IS NOT TRUE
     RETURNING t.id
 )
 SELECT id FROM acked;

@@ -44,7 +44,8 @@ def purge(
     cron_keep_seconds: float,
     limit: int = 5000,
 ) -> int:
-    """Delete one batch of finished rows past retention; returns how many went."""
+    """Delete one batch of finished rows past retention (with the edges of the workflow steps
+    among them, and the workflows left without steps); returns how many rows went."""
     cur = conn.execute(
         statements(schema)["purge"],
         {
@@ -54,7 +55,8 @@ def purge(
             "limit": limit,
         },
     )
-    return cur.rowcount
+    row = cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def settle_missed(conn: psycopg.Connection, schema: str, *, limit: int = 1000) -> int:

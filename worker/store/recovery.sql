@@ -112,33 +112,60 @@ SELECT id, queue, task, state FROM acked;
 -- and never walks the failures it keeps. Done rows go first; failed ones fill what is left of the
 -- batch. Cron rows are kept at least `cron_keep_seconds` so that a late, clock-skewed node cannot
 -- enqueue the same slot again.
-DELETE FROM {schema}.tasks
- WHERE id = ANY(ARRAY(
-    SELECT id FROM (
+-- Workflow steps (schema/0022): a step whose dependents are not settled yet stays until the
+-- maintenance sweep has settled them; a step that goes takes its own edges (what it waited for:
+-- its dependents' edges hold the outcome and result they need), and a workflow whose last step
+-- goes goes with it. Plain rows (no workflow_id) make both look-ups empty.
+WITH gone AS (
+    DELETE FROM {schema}.tasks
+     WHERE id = ANY(ARRAY(
         SELECT id FROM (
-            SELECT id
-              FROM {schema}.tasks
-             WHERE state IN ('done', 'cancelled')
-               AND finished_at < now() - make_interval(secs => %(done_seconds)s)
-               AND (cron_key IS NULL
-                    OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
-             ORDER BY finished_at
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED) AS done
-        UNION ALL
-        SELECT id FROM (
-            SELECT id
-              FROM {schema}.tasks
-             WHERE state = 'failed'
-               AND finished_at < now() - make_interval(secs => %(failed_seconds)s)
-               AND finished_at < now() - make_interval(secs => %(done_seconds)s)
-               AND (cron_key IS NULL
-                    OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
-             ORDER BY finished_at
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED) AS failed
-        LIMIT %(limit)s) AS expired
- ));
+            SELECT id FROM (
+                SELECT id
+                  FROM {schema}.tasks
+                 WHERE state IN ('done', 'cancelled')
+                   AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+                   AND (cron_key IS NULL
+                        OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+                   AND dependents IS NOT TRUE
+                 ORDER BY finished_at
+                 LIMIT %(limit)s
+                   FOR UPDATE SKIP LOCKED) AS done
+            UNION ALL
+            SELECT id FROM (
+                SELECT id
+                  FROM {schema}.tasks
+                 WHERE state = 'failed'
+                   AND finished_at < now() - make_interval(secs => %(failed_seconds)s)
+                   AND finished_at < now() - make_interval(secs => %(done_seconds)s)
+                   AND (cron_key IS NULL
+                        OR finished_at < now() - make_interval(secs => %(cron_keep_seconds)s))
+                   AND dependents IS NOT TRUE
+                 ORDER BY finished_at
+                 LIMIT %(limit)s
+                   FOR UPDATE SKIP LOCKED) AS failed
+            LIMIT %(limit)s) AS expired
+     ))
+    RETURNING id, workflow_id
+), steps AS (
+    SELECT count(*) AS n,
+           coalesce(array_agg(g.id) FILTER (WHERE g.workflow_id IS NOT NULL), '{}') AS ids,
+           coalesce(array_agg(DISTINCT g.workflow_id) FILTER (WHERE g.workflow_id IS NOT NULL),
+                    '{}') AS flows
+      FROM gone AS g
+), edges AS (
+    DELETE FROM {schema}.task_deps AS d
+     WHERE d.task_id = ANY((SELECT s.ids FROM steps AS s)::bigint[])
+), flows AS (
+    -- The statement sees the tasks as they were before it: a workflow is empty when every step
+    -- it still sees is among those deleted now.
+    DELETE FROM {schema}.workflows AS w
+     WHERE w.id = ANY((SELECT s.flows FROM steps AS s)::bigint[])
+       AND NOT EXISTS (SELECT 1 FROM {schema}.tasks AS t
+                        WHERE t.workflow_id = w.id
+                          AND t.id <> ALL((SELECT s.ids FROM steps AS s)::bigint[]))
+)
+SELECT s.n FROM steps AS s;
 
 -- name: settle_missed
 -- Workflows (schema/0022): steps that finished without an acknowledgement that settled their
