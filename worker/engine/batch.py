@@ -196,13 +196,9 @@ class Batcher:
             stored = store.complete_with_result(
                 conn, self.q.schema, worker_id=self.worker_id, done=with_result
             )
-            # Waiters wait for tasks that store a result; a step's result passed on to its
-            # dependents alone is no one's to wait for.
-            announced = {j.id for j in jobs if j.id in stored and self.stores_result(j.definition)}
-            if announced:
-                store.notify_done(
-                    conn, self.q.schema, channel=self.done_channel, ids=sorted(announced)
-                )
+            # Every stored result is announced: whoever waits for one of these tasks (a workflow
+            # step's too) learns at the commit that it ended.
+            store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=sorted(stored))
             kept.update(stored)
         if failures:
             states = store.fail(conn, self.q.schema, worker_id=self.worker_id, failures=failures)

@@ -81,6 +81,8 @@ DATABASE_METRICS: dict[str, str] = {
     "worker_db_dead_tuples": "gauge",
     "worker_db_table_size_bytes": "gauge",
     "worker_db_connections": "gauge",
+    "worker_workflow_steps": "gauge",
+    "worker_workflows_running": "gauge",
 }
 
 
