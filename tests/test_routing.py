@@ -93,11 +93,7 @@ def test_vacuum_removes_dead_rows_and_backs_off_when_the_horizon_is_held(
     vac = Vacuumer(q, schema, VacuumConfig(min_dead=2000, min_gap_seconds=0))
 
     def dead() -> int:
-        row = conn.execute(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
-            (f"{schema}.tasks",),
-        ).fetchone()
-        return int(row[0]) if row else 0
+        return _dead_rows(conn, schema)
 
     with psycopg.connect(pg_dsn) as holder:
         holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -119,6 +115,16 @@ def test_vacuum_removes_dead_rows_and_backs_off_when_the_horizon_is_held(
     assert vac.tick(conn, 10_000) == 0  # nothing left worth a vacuum
 
 
+def _dead_rows(conn: psycopg.Connection, schema: str) -> int:
+    """The task table's dead row versions, as the statistics say now."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
+        (f"{schema}.tasks",),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_a_vacuum_left_to_another_one_running_is_no_sign_of_a_held_horizon(
     pg_dsn: str, conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -130,15 +136,7 @@ def test_a_vacuum_left_to_another_one_running_is_no_sign_of_a_held_horizon(
     worker.enqueue_many(conn, "t", ({"n": i} for i in range(5000)), schema=schema)
     conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
 
-    def dead() -> int:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
-            (f"{schema}.tasks",),
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-    wait_until(lambda: dead() >= 4000, timeout=10)
+    wait_until(lambda: _dead_rows(conn, schema) >= 4000, timeout=10)
     with psycopg.connect(pg_dsn) as other:
         # The lock a running vacuum holds on its table.
         other.execute(f"LOCK TABLE {schema}.tasks IN SHARE UPDATE EXCLUSIVE MODE")
@@ -148,7 +146,7 @@ def test_a_vacuum_left_to_another_one_running_is_no_sign_of_a_held_horizon(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "left to the one running" in caplog.text
     assert vac.tick(conn, 10_000) >= 4000  # no back-off: the next look vacuums
-    assert dead() < 1000
+    assert _dead_rows(conn, schema) < 1000
 
 
 def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
@@ -178,15 +176,7 @@ def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
         worker.enqueue_many(conn, "t", ({"n": i} for i in range(5000)), schema=schema)
         conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
 
-        def dead() -> int:
-            conn.execute("SELECT pg_stat_clear_snapshot()")
-            row = conn.execute(
-                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = %s::regclass",
-                (f"{schema}.tasks",),
-            ).fetchone()
-            return int(row[0]) if row else 0
-
-        wait_until(lambda: dead() >= 4000, timeout=10)
+        wait_until(lambda: _dead_rows(conn, schema) >= 4000, timeout=10)
         vac.tick(conn, 10_000)
         wait_until(lambda: vacuums() == 1, timeout=10)
         for _ in range(3):
@@ -195,7 +185,7 @@ def test_vacuum_is_not_repeated_while_the_same_transaction_holds_the_horizon(
         assert vacuums() == 1
         holder.close()
         holder = hold()  # a later transaction: the horizon moves, not far enough to help
-        wait_until(lambda: dead() >= 4000, timeout=10)
+        wait_until(lambda: _dead_rows(conn, schema) >= 4000, timeout=10)
         vac.tick(conn, 10_000)
         wait_until(lambda: vacuums() == 2, timeout=10)
     finally:
