@@ -857,3 +857,36 @@ def test_claims_racing_for_the_same_permits_never_exceed_the_limit(
         t.join()
     assert len(set(held)) == 1200
     assert _max_overlap(conn, schema, "queue") == {"q": 2}
+
+
+def test_a_claim_stuck_on_a_queues_pace_holds_the_others_up_20_ms_at_most(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Another session holds a rate-limited queue's pace row inside an open transaction (a claim
+    whose worker froze there). A claim of that queue and a plain one waits for the pace no longer
+    than its 20 ms bound, not the claim connection's 2 s lock timeout: it takes the plain queue's
+    row, leaves the limited queue's alone and says when to look again."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('paced', rate => 100, rate_seconds => 1)")
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'paced'), ('t', 'open')")
+    with psycopg.connect(pg_dsn) as frozen, psycopg.connect(pg_dsn, autocommit=True) as other:
+        frozen.execute(
+            f"SELECT 1 FROM {schema}.limit_rates WHERE queue = 'paced' AND limit_key = ''"
+            " FOR UPDATE"
+        ).fetchone()
+        waited = []
+        for _ in range(5):
+            began = conn.execute("SELECT clock_timestamp()").fetchone()
+            with other.transaction():
+                taken = store.claim_all(
+                    other, schema, queues=["paced", "open"], limit=10,
+                    worker_id=str(uuid.uuid4()), lease_seconds=30,
+                )  # fmt: skip
+            ended = conn.execute("SELECT clock_timestamp() - %s", began).fetchone()
+            waited.append(ended[0].total_seconds())
+            assert [r.queue for r in taken.rows] in (["open"], [])
+            assert "paced" in taken.waits
+        frozen.rollback()
+    # The server's own clock: at most the 20 ms bound plus a claim's work, far below 2 s.
+    assert statistics.median(waited) < 0.5, waited
+    states = dict(conn.execute(f"SELECT queue, state::text FROM {schema}.tasks").fetchall())
+    assert states == {"paced": "queued", "open": "in_progress"}
