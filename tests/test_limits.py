@@ -765,9 +765,7 @@ def _claimer(conn: psycopg.Connection, schema: str, task_id: int) -> str:
     return str(row[0])
 
 
-def test_permits_carry_no_index_a_claim_would_change(
-    schema: str, conn: psycopg.Connection
-) -> None:
+def test_permits_carry_no_index_a_claim_would_change(schema: str, conn: psycopg.Connection) -> None:
     """A claim writes the permits it takes; with no index on the columns it writes, that write is
     a heap-only update on the permit's page, so a queue's permits do not bloat with turnover and
     the claim's cost does not grow with it. Turn 2,000 permits over 20 times and check that nearly
