@@ -537,39 +537,53 @@ CREATE FUNCTION worker.cancel_workflow(workflow_id bigint, by text DEFAULT CURRE
      WHERE c.outcome IN ('cancelled', 'requested');
 $$;
 
--- Name: claim_limited_batch(text[], integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: claim_limited_batch(text[], integer, double precision, text, timestamp with time zone, timestamp with time zone, double precision, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.claim_limited_batch(queues text[], want integer, lookahead double precision DEFAULT 0.5) RETURNS TABLE(id bigint, start_at timestamp with time zone, queue text, wait_seconds double precision, held boolean)
+CREATE FUNCTION worker.claim_limited_batch(queues text[], want integer, lookahead double precision DEFAULT 0.5, pace_queue text DEFAULT NULL::text, pace_t0 timestamp with time zone DEFAULT NULL::timestamp with time zone, pace_m timestamp with time zone DEFAULT NULL::timestamp with time zone, pace_gap double precision DEFAULT NULL::double precision, pace_burst integer DEFAULT NULL::integer, pace_n integer DEFAULT NULL::integer, pace_wait double precision DEFAULT NULL::double precision, pace_end timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id bigint, start_at timestamp with time zone, queue text, wait_seconds double precision, held boolean)
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    q    text;
-    rest integer := want;
-    r    record;
+    q     text;
+    rest  integer := want;
+    r     record;
+    paced boolean := false;
 BEGIN
-    IF want <= 0 OR cardinality(queues) = 0 THEN
-        RETURN;
+    IF want > 0 AND cardinality(queues) > 0 THEN
+        FOR q IN SELECT l.queue FROM "worker".queue_limits AS l
+                  WHERE l.queue = ANY(queues)
+                    AND NOT EXISTS (SELECT 1 FROM "worker".paused_queues AS p
+                                     WHERE p.queue = l.queue)
+                  ORDER BY l.queue
+        LOOP
+            EXIT WHEN rest <= 0;
+            IF q = pace_queue THEN
+                paced := true;
+                SELECT * INTO r FROM "worker".claim_limited_rows(
+                    q, rest, lookahead, pace_t0, pace_m, pace_gap, pace_burst, pace_n, pace_wait,
+                    pace_end);
+            ELSE
+                SELECT * INTO r FROM "worker".claim_limited_rows(q, rest, lookahead);
+            END IF;
+            RETURN QUERY SELECT x.id, x.s, q, NULL::double precision, NULL::boolean
+                           FROM unnest(r.ids, r.start_at) AS x(id, s);
+            rest := rest - cardinality(r.ids);
+            IF r.held OR r.wait_seconds IS NOT NULL THEN
+                RETURN QUERY SELECT NULL::bigint, NULL::timestamptz, q, r.wait_seconds, r.held;
+            END IF;
+        END LOOP;
     END IF;
-    FOR q IN SELECT l.queue FROM "worker".queue_limits AS l
-              WHERE l.queue = ANY(queues)
-                AND NOT EXISTS (SELECT 1 FROM "worker".paused_queues AS p WHERE p.queue = l.queue)
-              ORDER BY l.queue
-    LOOP
-        EXIT WHEN rest <= 0;
-        SELECT * INTO r FROM "worker".claim_limited_rows(q, rest, lookahead);
-        RETURN QUERY SELECT x.id, x.s, q, NULL::double precision, NULL::boolean
-                       FROM unnest(r.ids, r.start_at) AS x(id, s);
-        rest := rest - cardinality(r.ids);
-        IF r.held OR r.wait_seconds IS NOT NULL THEN
-            RETURN QUERY SELECT NULL::bigint, NULL::timestamptz, q, r.wait_seconds, r.held;
-        END IF;
-    END LOOP;
+    IF NOT paced AND pace_n > 0 THEN
+        -- The queue paced ahead was not reached (the batch filled first, or it was paused):
+        -- its starts go back.
+        PERFORM "worker".give_back_pace(pace_queue, pace_m, make_interval(secs => pace_gap), 0,
+                                        pace_end);
+    END IF;
 END;
 $$;
 
--- Name: claim_limited_rows(text, integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: claim_limited_rows(text, integer, double precision, timestamp with time zone, timestamp with time zone, double precision, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.claim_limited_rows(q text, want integer, lookahead double precision DEFAULT 0.5, OUT ids bigint[], OUT start_at timestamp with time zone[], OUT wait_seconds double precision, OUT held boolean) RETURNS record
+CREATE FUNCTION worker.claim_limited_rows(q text, want integer, lookahead double precision DEFAULT 0.5, pace_t0 timestamp with time zone DEFAULT NULL::timestamp with time zone, pace_m timestamp with time zone DEFAULT NULL::timestamp with time zone, pace_gap double precision DEFAULT NULL::double precision, pace_burst integer DEFAULT NULL::integer, pace_n integer DEFAULT NULL::integer, pace_wait double precision DEFAULT NULL::double precision, pace_end timestamp with time zone DEFAULT NULL::timestamp with time zone, OUT ids bigint[], OUT start_at timestamp with time zone[], OUT wait_seconds double precision, OUT held boolean) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     SET enable_hashjoin TO 'off'
@@ -598,6 +612,10 @@ DECLARE
     rowslots integer[] := '{}';
     rowkeys  text[] := '{}';
     kslot    integer;
+    pt0      timestamptz;
+    burst    integer;
+    pend     timestamptz;
+    start_slot integer;
 BEGIN
     ids := '{}';
     start_at := '{}';
@@ -609,13 +627,25 @@ BEGIN
     horizon := t0 + make_interval(secs => lookahead);
 
     IF lim.concurrency IS NOT NULL THEN
-        -- Free permits, lowest slots first: never held, or held by an attempt that no longer
-        -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
+        -- Free permits: never held, or held by an attempt that no longer runs under a live
+        -- lease. Nothing gives a permit back: the attempt's end does. The search starts at a
+        -- slot drawn at random and goes round: the permits held by running tasks lie wherever
+        -- claims took them, so it meets few of them before it has found enough, where searching
+        -- from the lowest slot would walk past every one held below the first free ones.
+        start_slot := 1 + floor(random() * lim.concurrency)::integer;
         permits := ARRAY(
             SELECT p.slot FROM "worker".free_permits AS p
-             WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
+             WHERE p.queue = q AND p.limit_key = ''
+               AND p.slot >= start_slot AND p.slot <= lim.concurrency
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
+        IF cardinality(permits) < room AND start_slot > 1 THEN
+            permits := permits || ARRAY(
+                SELECT p.slot FROM "worker".free_permits AS p
+                 WHERE p.queue = q AND p.limit_key = '' AND p.slot < start_slot
+                 ORDER BY p.slot LIMIT room - cardinality(permits)
+                   FOR UPDATE SKIP LOCKED);
+        END IF;
         -- Checked again, now that they are locked, by a statement whose snapshot is taken after
         -- the locks: a permit that another claim took and committed just before this one locked
         -- it came to the statement above in its new version, but with its new holder's row as
@@ -624,9 +654,10 @@ BEGIN
             permits := ARRAY(
                 SELECT p.slot FROM "worker".free_permits AS p
                  WHERE p.queue = q AND p.limit_key = ''
-                   AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
+                   AND p.slot BETWEEN (SELECT min(u) FROM unnest(permits) AS u)
+                                  AND (SELECT max(u) FROM unnest(permits) AS u)
                    AND array_position(permits, p.slot) IS NOT NULL
-                 ORDER BY p.slot);
+                 ORDER BY array_position(permits, p.slot));
         END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
@@ -640,7 +671,23 @@ BEGIN
         room := greatest(room, 0);
     END IF;
 
-    IF lim.rate IS NOT NULL AND room > 0 THEN
+    keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
+    IF lim.rate IS NOT NULL AND NOT keyed AND pace_n IS NOT NULL THEN
+        -- The pace was taken ahead, in a transaction of its own (pace_ahead): the starts it
+        -- allows are this claim's, and what it does not use goes back below.
+        pt0 := pace_t0;
+        m := pace_m;
+        gap := make_interval(secs => pace_gap);
+        burst := pace_burst;
+        fit := pace_n;
+        pend := pace_end;
+        wait_seconds := pace_wait;
+    ELSIF lim.rate IS NOT NULL AND NOT keyed AND room > 0 THEN
+        SELECT p.t0, p.m, make_interval(secs => p.gap_seconds), p.burst, p.n, p.wait_seconds,
+               p.tat_end
+          INTO pt0, m, gap, burst, fit, wait_seconds, pend
+          FROM "worker".take_starts(q, room, lookahead) AS p;
+    ELSIF lim.rate IS NOT NULL AND room > 0 THEN
         gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
         tat := "worker".take_pace(q);
         IF tat IS NULL THEN
@@ -651,7 +698,6 @@ BEGIN
         END IF;
     END IF;
 
-    keyed := lim.key_concurrency IS NOT NULL OR lim.key_rate IS NOT NULL;
     IF lim.key_rate IS NOT NULL THEN
         key_gap := make_interval(secs => lim.key_rate_seconds / lim.key_rate * 1.05);
     END IF;
@@ -659,17 +705,7 @@ BEGIN
     IF room > 0 AND NOT keyed THEN
         take := room;
         IF lim.rate IS NOT NULL THEN
-            -- The pace in closed form: after `tat`, the i-th start of this claim (from 1) is due
-            -- at greatest(t0, m + (i - burst) * gap) with m = greatest(tat, t0), which is what
-            -- spacing the starts one by one gives; those due within the horizon are taken.
-            m := greatest(tat, t0);
-            fit := coalesce(lim.burst, 1)
-                   + floor(extract(epoch FROM horizon - m) / extract(epoch FROM gap))::integer;
-            take := least(room, greatest(fit, 0));
-            IF take < room THEN
-                wait_seconds := greatest(extract(epoch FROM
-                    greatest(t0, m + (take + 1 - coalesce(lim.burst, 1)) * gap) - horizon), 0.001);
-            END IF;
+            take := least(room, coalesce(fit, 0));
         END IF;
         -- The queue's first rows in claim order, as many as the limits allow.
         IF take > 0 THEN
@@ -682,9 +718,9 @@ BEGIN
                        FOR UPDATE SKIP LOCKED) AS c;
         END IF;
         IF lim.rate IS NOT NULL AND cardinality(ids) > 0 THEN
-            start_at := ARRAY(SELECT greatest(t0, m + (i - coalesce(lim.burst, 1)) * gap)
+            -- The pace in closed form (see take_starts): the i-th start from m.
+            start_at := ARRAY(SELECT greatest(pt0, m + (i - burst) * gap)
                                 FROM generate_series(1, cardinality(ids)) AS i ORDER BY i);
-            tat := m + cardinality(ids) * gap;
         END IF;
     ELSIF room > 0 THEN
         -- Per key: the first rows of each key (one probe of tasks_limit_key_idx per key with
@@ -785,7 +821,12 @@ BEGIN
         END LOOP;
     END IF;
 
-    IF lim.rate IS NOT NULL AND tat IS NOT NULL AND cardinality(ids) > 0 THEN
+    IF NOT keyed AND fit > cardinality(ids) THEN
+        -- Starts taken and not used (fewer rows, fewer permits, or none asked after all) go back
+        -- to the pace, unless another claim took starts after them meanwhile.
+        PERFORM "worker".give_back_pace(q, m, gap, cardinality(ids), pend);
+    END IF;
+    IF keyed AND lim.rate IS NOT NULL AND tat IS NOT NULL AND cardinality(ids) > 0 THEN
         UPDATE "worker".limit_rates AS r
            SET tat = greatest(r.tat, tat),
                window_starts = CASE WHEN r.window_start > t0 - make_interval(secs => lim.rate_seconds)
@@ -799,8 +840,8 @@ BEGIN
         -- The permits used name their rows and the attempt the claim makes; the others were
         -- only locked, and are free to the next claim. No column of an index changes: the
         -- update stays on its page (a heap-only tuple), however often permits turn over.
-        -- The permits taken are the lowest free ones: one short range of the primary key (each
-        -- key of `= ANY(used)` would be a descent of its own, several times slower).
+        -- The permits taken are the first found: one short range of the primary key (each key
+        -- of `= ANY(used)` would be a descent of its own, several times slower).
         used := permits[1:cardinality(ids)];
         UPDATE "worker".limit_permits AS p
            SET task_id = ids[array_position(used, p.slot)],
@@ -999,6 +1040,21 @@ CREATE FUNCTION worker.finish_action(action_id bigint, counts jsonb, finished bo
      WHERE a.id = finish_action.action_id;
 $$;
 
+-- Name: give_back_pace(text, timestamp with time zone, interval, integer, timestamp with time zone); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.give_back_pace(q text, m timestamp with time zone, gap interval, used integer, taken_end timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    AS $$
+    UPDATE "worker".limit_rates AS r
+       SET tat = m + used * gap,
+           window_starts = greatest(r.window_starts
+                                    - round(extract(epoch FROM taken_end - (m + used * gap))
+                                            / nullif(extract(epoch FROM gap), 0))::integer, 0)
+     WHERE r.queue = q AND r.limit_key = '' AND r.tat = taken_end
+       AND r.ctid = (SELECT x.ctid FROM "worker".limit_rates AS x
+                      WHERE x.queue = q AND x.limit_key = '' FOR UPDATE SKIP LOCKED);
+$$;
+
 -- Name: make_key_limits(text, text, integer); Type: FUNCTION; Schema: worker; Owner: -
 
 CREATE FUNCTION worker.make_key_limits(q text, k text, c integer) RETURNS void
@@ -1041,6 +1097,29 @@ BEGIN
         PERFORM pg_notify(TG_TABLE_SCHEMA || '.tasks', names);
     END IF;
     RETURN NULL;
+END;
+$$;
+
+-- Name: pace_ahead(text, integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.pace_ahead(q text, want integer, lookahead double precision DEFAULT 0.5, OUT t0 timestamp with time zone, OUT m timestamp with time zone, OUT gap_seconds double precision, OUT burst integer, OUT n integer, OUT wait_seconds double precision, OUT tat_end timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM "worker".queue_limits AS l
+                    WHERE l.queue = q AND l.rate IS NOT NULL AND l.concurrency IS NULL
+                      AND l.key_concurrency IS NULL AND l.key_rate IS NULL) THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM "worker".paused_queues AS p WHERE p.queue = q) THEN
+        n := 0;
+        RETURN;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    SELECT s.t0, s.m, s.gap_seconds, s.burst, s.n, s.wait_seconds, s.tat_end
+      INTO t0, m, gap_seconds, burst, n, wait_seconds, tat_end
+      FROM "worker".take_starts(q, want, lookahead) AS s;
 END;
 $$;
 
@@ -1338,11 +1417,18 @@ $$;
 -- Name: settle_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
 
 CREATE FUNCTION worker.settle_steps(ids bigint[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    SELECT released FROM "worker".settle_steps_ready(ids);
+$$;
+
+-- Name: settle_steps_ready(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.settle_steps_ready(ids bigint[], OUT released integer, OUT ready_queues text[]) RETURNS record
     LANGUAGE plpgsql
     AS $$
 DECLARE
     parents  bigint[] := ids;
-    released integer := 0;
     n        integer;
     woken    text[] := '{}';
     earliest timestamptz;
@@ -1353,6 +1439,7 @@ DECLARE
     blockers bigint[];
     errors   text[];
 BEGIN
+    released := 0;
     WHILE cardinality(parents) > 0 LOOP
         -- The outcomes (and results) of the finished steps, onto their edges.
         WITH p AS (
@@ -1419,7 +1506,7 @@ BEGIN
         earliest := least(earliest, first_at);
     END LOOP;
     PERFORM "worker".wake_steps(woken, earliest);
-    RETURN released;
+    ready_queues := ARRAY(SELECT DISTINCT w FROM unnest(woken) AS w);
 END;
 $$;
 
@@ -1534,6 +1621,60 @@ BEGIN
     RETURN pace;
 EXCEPTION WHEN lock_not_available THEN
     RETURN NULL;
+END;
+$$;
+
+-- Name: take_starts(text, integer, double precision); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.take_starts(q text, want integer, lookahead double precision DEFAULT 0.5, OUT t0 timestamp with time zone, OUT m timestamp with time zone, OUT gap_seconds double precision, OUT burst integer, OUT n integer, OUT wait_seconds double precision, OUT tat_end timestamp with time zone) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_variable
+DECLARE
+    lim     "worker".queue_limits;
+    gap     interval;
+    tat     timestamptz;
+    horizon timestamptz;
+    fit     integer;
+BEGIN
+    SELECT * INTO lim FROM "worker".queue_limits AS l WHERE l.queue = q;
+    IF NOT FOUND OR lim.rate IS NULL THEN
+        RETURN;
+    END IF;
+    -- The database clock now (not the transaction's start): the pace is counted from it.
+    t0 := clock_timestamp();
+    gap := make_interval(secs => lim.rate_seconds / lim.rate * 1.05);
+    gap_seconds := extract(epoch FROM gap);
+    burst := coalesce(lim.burst, 1);
+    n := 0;
+    IF want <= 0 THEN
+        RETURN;
+    END IF;
+    tat := "worker".take_pace(q);
+    IF tat IS NULL THEN
+        -- Another transaction has held the pace for longer than taking starts takes (a claim
+        -- stuck in its transaction: a frozen worker). Try again in a moment.
+        wait_seconds := 0.02;
+        RETURN;
+    END IF;
+    m := greatest(tat, t0);
+    horizon := t0 + make_interval(secs => lookahead);
+    fit := burst + floor(extract(epoch FROM horizon - m) / extract(epoch FROM gap))::integer;
+    n := least(want, greatest(fit, 0));
+    IF n < want THEN
+        wait_seconds := greatest(extract(epoch FROM
+            greatest(t0, m + (n + 1 - burst) * gap) - horizon), 0.001);
+    END IF;
+    tat_end := m + n * gap;
+    IF n > 0 THEN
+        UPDATE "worker".limit_rates AS r
+           SET tat = tat_end,
+               window_starts = CASE WHEN r.window_start > t0 - make_interval(secs => lim.rate_seconds)
+                                    THEN r.window_starts + n ELSE n END,
+               window_start = CASE WHEN r.window_start > t0 - make_interval(secs => lim.rate_seconds)
+                                   THEN r.window_start ELSE t0 END
+         WHERE r.queue = q AND r.limit_key = '';
+    END IF;
 END;
 $$;
 
@@ -1792,9 +1933,9 @@ CREATE VIEW worker.free_permits AS
     limit_key,
     slot
    FROM worker.limit_permits p
-  WHERE ((task_id IS NULL) OR (NOT (EXISTS ( SELECT 1
+  WHERE ((task_id IS NULL) OR (NOT COALESCE(( SELECT ((t.attempts = p.attempt) AND (t.state = 'in_progress'::worker.task_state) AND (t.lease_expires_at >= now()))
            FROM worker.tasks t
-          WHERE ((t.id = p.task_id) AND (t.attempts = p.attempt) AND (t.state = 'in_progress'::worker.task_state) AND (t.lease_expires_at >= now()))))));
+          WHERE (t.id = p.task_id)), false)));
 
 -- Name: limit_rates; Type: TABLE; Schema: worker; Owner: -
 

@@ -21,6 +21,7 @@ from worker.db import connect as factory
 from worker.db.sql import notify_channel
 from worker.engine.batch import Batcher
 from worker.engine.maintenance import Maintenance, MaintenanceConfig
+from worker.store.claims import pace_params
 
 
 def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[st
         "floor_run_at": ["0001-01-01T00:00:00+00"],
         "floor_id": [0],
         "lookahead": 0.5,
+        **pace_params(None),
     }
     values.update(params)
     with conn.transaction(force_rollback=True):

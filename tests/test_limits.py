@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import psutil
 import psycopg
@@ -888,3 +889,116 @@ def test_a_claim_stuck_on_a_queues_pace_holds_the_others_up_20_ms_at_most(
     assert statistics.median(waited) < 0.5, waited
     states = dict(conn.execute(f"SELECT queue, state::text FROM {schema}.tasks").fetchall())
     assert states == {"paced": "queued", "open": "in_progress"}
+
+
+def _pace(conn: psycopg.Connection, schema: str, queue: str) -> datetime:
+    row = conn.execute(
+        f"SELECT tat FROM {schema}.limit_rates WHERE queue = %s AND limit_key = ''", (queue,)
+    ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_a_claim_of_starts_taken_ahead_holds_no_lock_on_the_pace(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Worker A takes the starts of its next claim of a rate-limited queue ahead, claims with
+    them, and stays inside that claim's transaction (frozen, or just slow to commit). Worker B
+    takes its starts at once, all it asked for, after A's: it does not wait for A's commit, nor
+    get the "try again in 20 ms" of a pace someone holds."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('paced', rate => 1000, rate_seconds => 1)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'paced' FROM generate_series(1, 40)"
+    )
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as a,
+        psycopg.connect(pg_dsn, autocommit=True) as b,
+    ):
+        pace_a = store.pace_ahead(a, schema, "paced", 10)
+        assert pace_a is not None and pace_a.n == 10 and pace_a.wait is None
+        with a.transaction():
+            taken = store.claim_all(
+                a, schema, queues=["paced"], limit=10, worker_id=str(uuid.uuid4()),
+                lease_seconds=30, pace=pace_a,
+            )  # fmt: skip
+            assert len(taken.rows) == 10
+            assert all(r.start_in is not None for r in taken.rows)
+            pace_b = store.pace_ahead(b, schema, "paced", 10)
+            assert pace_b is not None
+            assert (pace_b.n, pace_b.wait) == (10, None)
+            assert pace_b.m is not None and pace_a.end is not None
+            assert pace_b.m >= pace_a.end  # after A's starts, never among them
+            with b.transaction():
+                got = store.claim_all(
+                    b, schema, queues=["paced"], limit=10, worker_id=str(uuid.uuid4()),
+                    lease_seconds=30, pace=pace_b,
+                )  # fmt: skip
+            assert len(got.rows) == 10
+            assert not {r.id for r in got.rows} & {r.id for r in taken.rows}
+    # Every start 1.05 ms after the one before it, A's ten then B's ten.
+    starts = [
+        r[0]
+        for r in conn.execute(
+            f"SELECT started_at FROM {schema}.tasks WHERE state = 'in_progress' ORDER BY 1"
+        )
+    ]
+    assert len(starts) == 20
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.00105 - 1e-6, gaps
+
+
+def test_starts_taken_ahead_and_not_used_go_back_unless_others_were_taken_after(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Starts taken for a claim that finds fewer rows go back to the pace: the next claim's
+    first start is right after the last row taken, not after the unused starts. When another
+    worker took starts after them meanwhile, they stay taken (never a start too many)."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('paced', rate => 100, rate_seconds => 1)")
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'paced'), ('t', 'paced')")
+    gap = timedelta(seconds=1.05 / 100)
+    with (
+        psycopg.connect(pg_dsn, autocommit=True) as a,
+        psycopg.connect(pg_dsn, autocommit=True) as b,
+    ):
+        pace = store.pace_ahead(a, schema, "paced", 30)
+        assert pace is not None and pace.n == 30 and pace.m is not None
+        assert _pace(conn, schema, "paced") == pace.m + 30 * gap
+        with a.transaction():
+            taken = store.claim_all(
+                a, schema, queues=["paced"], limit=30, worker_id=str(uuid.uuid4()),
+                lease_seconds=30, pace=pace,
+            )  # fmt: skip
+        assert len(taken.rows) == 2
+        assert _pace(conn, schema, "paced") == pace.m + 2 * gap  # 28 starts given back
+
+        conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'paced')")
+        first = store.pace_ahead(a, schema, "paced", 30)
+        second = store.pace_ahead(b, schema, "paced", 5)  # another worker, right after
+        assert first is not None and second is not None and second.end is not None
+        with a.transaction():
+            taken = store.claim_all(
+                a, schema, queues=["paced"], limit=30, worker_id=str(uuid.uuid4()),
+                lease_seconds=30, pace=first,
+            )  # fmt: skip
+        assert len(taken.rows) == 1
+        assert _pace(conn, schema, "paced") == second.end  # not given back: B's came after
+
+
+def test_only_a_queue_with_a_rate_alone_is_paced_ahead(
+    schema: str, conn: psycopg.Connection
+) -> None:
+    """Queues with other limits too (a concurrency, per-key limits) are paced by the claim
+    itself; a paused queue is given no starts; a queue without a rate is not paced at all."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('both', concurrency => 2, rate => 10)")
+    conn.execute(f"SELECT {schema}.set_queue_limit('keyed', rate => 10, key_rate => 1)")
+    conn.execute(f"SELECT {schema}.set_queue_limit('conc', concurrency => 2)")
+    conn.execute(f"SELECT {schema}.set_queue_limit('held', rate => 10)")
+    conn.execute(f"INSERT INTO {schema}.paused_queues (queue) VALUES ('held')")
+    for q in ("both", "keyed", "conc", "free"):
+        assert store.pace_ahead(conn, schema, q, 10) is None, q
+    held = store.pace_ahead(conn, schema, "held", 10)
+    assert held is not None and held.n == 0
+    untouched = conn.execute(
+        f"SELECT tat = '-infinity' FROM {schema}.limit_rates WHERE queue = 'held'"
+    ).fetchone()
+    assert untouched == (True,)  # the paused queue's pace did not move

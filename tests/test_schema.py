@@ -18,6 +18,7 @@ from conftest import every_statement, run_cli
 from worker.db.migrate import current_version, latest_version, migrate, require_schema
 from worker.db.sql import parse_named, render, validate_schema_name
 from worker.errors import ConfigError, SchemaMissing
+from worker.store.claims import pace_params
 
 
 def test_migrate_is_idempotent_and_records_versions(conn: psycopg.Connection) -> None:
@@ -187,6 +188,7 @@ def test_claim_plan_reads_the_claim_index_only(conn: psycopg.Connection, big_tab
             "handler_tasks": [f"t{i}" for i in range(50)],
             "handler_max_attempts": [3] * 50,
             "lookahead": 0.5,
+            **pace_params(None),
         },
     )
     _no_seq_scan(nodes)

@@ -89,6 +89,12 @@ class Batcher:
         self._held: set[str] = set()  # limited queues a concurrency limit held back
         self._waiting: set[str] = set()  # limited queues a rate limit held back
         self._limit_at = math.inf  # monotonic time when the rate limits allow the next start
+        # Rate-limited queues whose starts the next claim takes ahead, in a transaction of its
+        # own (store.pace_ahead), and those the claim paces itself (other limits too); the
+        # latter are asked again at every poll.
+        self._paced: set[str] = set()
+        self._paced_inline: set[str] = set()
+        self._pace: store.Pace | None = None
 
     # -- what wakes a claim --------------------------------------------------------------------
 
@@ -222,13 +228,37 @@ class Batcher:
         # transaction; a batch of plain tasks skips it.
         steps = [j.id for j in jobs if j.claimed.dependents and j.outcome]
         if steps:
-            store.settle_steps(conn, self.q.schema, steps)
+            # The steps made ready here are read by the claim that follows in this transaction:
+            # a chain's next step is claimed in the commit that finished the one before it.
+            self.mark(store.settle_steps(conn, self.q.schema, steps))
         return kept, states
+
+    def pace_ahead(self, conn: psycopg.Connection, free: int) -> None:
+        """Outside the claim's transaction: take the starts of the next claim of the rate-limited
+        queue it reads first, if that queue is paced ahead. The claim then holds no lock on the
+        queue's pace until it commits, and two workers' claims of one rate-limited queue no
+        longer take turns (see schema/0024). Starts the claim does not use go back to the pace."""
+        self._pace = None
+        if free <= 0 or not self._paced or not self._hot:
+            return
+        n = len(self.queues)
+        first = next(
+            (q for i in range(n) if (q := self.queues[(self._turn + i) % n]) in self._hot), None
+        )
+        if first is None or first not in self._paced:
+            return
+        pace = store.pace_ahead(conn, self.q.schema, first, min(self.batch_size, free))
+        if pace is None:
+            self._paced.discard(first)
+            self._paced_inline.add(first)
+        self._pace = pace
 
     def claim(self, conn: psycopg.Connection, free: int, now: float) -> Claim | None:
         """Promote due scheduled rows when it is time, then claim up to ``free`` rows of the
         queues that may hold work, in one statement. None when no queue needs reading."""
+        pace, self._pace = self._pace, None
         if now >= self._poll_at:
+            self._paced_inline.clear()
             if self.polls_all:
                 self._hot.update(self.queues)
             self._poll_at = now + self.poll_interval
@@ -267,6 +297,7 @@ class Batcher:
             lease_seconds=self.lease_seconds,
             cursor=self.cursor,
             max_attempts=self._handlers,
+            pace=pace,
         )
         for wait in taken.waits.values():
             self._limit_at = min(self._limit_at, now + wait)
@@ -287,6 +318,9 @@ class Batcher:
                     by_queue.setdefault(row.queue, []).append(row)
         for name, rows in by_queue.items():
             self.cursor.advance(name, rows)
+        for row in claim.rows:
+            if row.start_in is not None and row.queue not in self._paced_inline:
+                self._paced.add(row.queue)  # paced by a rate: its next claims pace it ahead
         full = len(claim.rows) >= claim.limit
         self._hot.difference_update(claim.queues)
         if full:

@@ -370,6 +370,8 @@ class Worker:
         if claim:
             self._last_claim = now
         try:
+            if claim:
+                self.batcher.pace_ahead(conn, free)  # in a transaction of its own, first
             with self.counted(conn):
                 kept, states = self.batcher.acknowledge(conn, acking)
                 if claim:

@@ -191,16 +191,16 @@ def complete_with_result(
     return {r[0]: r[1] for r in rows}
 
 
-def settle_steps(conn: psycopg.Connection, schema: str, ids: Sequence[int]) -> int:
+def settle_steps(conn: psycopg.Connection, schema: str, ids: Sequence[int]) -> list[str]:
     """Workflows: settle the dependents of these just-acknowledged steps (those with dependents
     that ended done, failed or cancelled; the others are passed over), in the caller's
-    transaction. Returns how many dependents became runnable."""
+    transaction. Returns the queues where dependents became runnable."""
     if not ids:
-        return 0
+        return []
     row = conn.execute(
         statements(schema)["settle_steps"], {"ids": int_array(ids)}, **PLAN_EACH
     ).fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
+    return list(row[1] or []) if row else []
 
 
 def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Iterable[int]) -> None:

@@ -227,4 +227,6 @@ SELECT r.id, r.attempts, true AS cancel
 -- reaches 0 becomes runnable (its workers are woken at the commit); a dependent of a step that
 -- failed for good or was cancelled ends cancelled, unless its edge says run_on_failure. Run only
 -- for batches that hold such steps: a batch of plain tasks never runs it.
-SELECT {schema}.settle_steps(%(ids)s::bigint[]) AS released;
+-- It says in which queues steps became ready (the claim that follows in the transaction reads
+-- them).
+SELECT released, ready_queues FROM {schema}.settle_steps_ready(%(ids)s::bigint[]);

@@ -125,6 +125,22 @@ class ClaimCursor:
         return list(self._last)
 
 
+@dataclass(slots=True, frozen=True)
+class Pace:
+    """Starts of one rate-limited queue taken ahead of a claim (``pace_ahead``), for that claim:
+    ``n`` of them from ``m``, ``gap`` seconds apart after ``burst`` at once (see take_starts in
+    schema/0024); ``wait`` says when the rate allows more, when it allowed fewer than asked."""
+
+    queue: str
+    t0: datetime
+    m: datetime | None
+    gap: float
+    burst: int
+    n: int
+    wait: float | None
+    end: datetime | None
+
+
 @dataclass(slots=True)
 class Promoted:
     count: int
@@ -179,6 +195,21 @@ class Taken:
 LOOKAHEAD = 0.5
 
 
+def pace_ahead(conn: psycopg.Connection, schema: str, queue: str, want: int) -> Pace | None:
+    """Take the starts of the next claim of ``queue`` (a queue with a rate and no other limit)
+    in a transaction of their own, so that the claim holds no lock on the queue's pace: run
+    outside any transaction. None when the queue is not paced ahead (no such limit: the claim
+    paces it itself)."""
+    row = conn.execute(
+        statements(schema)["pace_ahead"],
+        {"queue": queue, "want": want, "lookahead": LOOKAHEAD},
+    ).fetchone()
+    if row is None or row[4] is None:
+        return None
+    t0, m, gap, burst, n, wait, end = row
+    return Pace(queue, t0, m, gap or 0.0, burst or 1, n, wait, end)
+
+
 def _params(
     queues: Sequence[str],
     limit: int,
@@ -186,6 +217,7 @@ def _params(
     lease_seconds: float,
     cursor: ClaimCursor,
     handlers: HandlerLimits,
+    pace: Pace | None = None,
 ) -> dict[str, Any]:
     """The claim statement's parameters: the one place they are built."""
     positions = [cursor.position(name) for name in queues]
@@ -202,7 +234,14 @@ def _params(
         "floor_run_at": text_array(p[1].isoformat() for p in positions),
         "floor_id": int_array(p[2] for p in positions),
         "lookahead": LOOKAHEAD,
+        **pace_params(pace),
     }
+
+
+def pace_params(pace: Pace | None) -> dict[str, Any]:
+    """The claim statement's parameters for the starts taken ahead (all None: none were)."""
+    fields = ("queue", "t0", "m", "gap", "burst", "n", "wait", "end")
+    return {f"pace_{f}": getattr(pace, f) if pace else None for f in fields}
 
 
 def claim_all(
@@ -215,6 +254,7 @@ def claim_all(
     lease_seconds: float,
     cursor: ClaimCursor | None = None,
     max_attempts: Mapping[str, int] | HandlerLimits | None = None,
+    pace: Pace | None = None,
 ) -> Taken:
     """queued -> in_progress for up to ``limit`` due rows of ``queues`` (first queues first), in
     claim order within each queue, whatever their limits; one statement whatever the number of
@@ -222,6 +262,7 @@ def claim_all(
 
     ``max_attempts``: the handlers' settings by task name, for rows whose producer left
     max_attempts to the handler (NULL); rows of other tasks keep NULL (they are handed back).
+    ``pace``: starts taken ahead for one of the queues (``pace_ahead``).
     """
     handlers = max_attempts if isinstance(max_attempts, HandlerLimits) else None
     params = _params(
@@ -231,6 +272,7 @@ def claim_all(
         lease_seconds,
         cursor or ClaimCursor(0),
         handlers or HandlerLimits(max_attempts or {}),
+        pace,
     )
     rows = conn.execute(statements(schema)["claim"], params).fetchall()
     read = time.monotonic()

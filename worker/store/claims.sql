@@ -60,7 +60,7 @@ RETURNING id;
 --     of a small table per queue, in this statement's snapshot), fleet-wide;
 --   * a queue with limits (schema/0014, 0017) is taken by claim_limited_batch: within its
 --     concurrency permits and the pace of its rate limits, per queue and per key, each row with
---     the moment it may start;
+--     the moment it may start (the pace of one queue may have been taken ahead: pace_ahead);
 --   * every other queue by priority, then run_at, then id, from this worker's cursor;
 --   * rows someone asked to cancel never reach this claim (they end cancelled, see cancel_tasks).
 -- SKIP LOCKED everywhere: concurrent workers take different rows and permits without waiting on
@@ -126,7 +126,9 @@ WITH asked AS (
 ), limited AS (
     SELECT * FROM {schema}.claim_limited_batch(
         ARRAY(SELECT name FROM asked WHERE limited),
-        %(limit)s - (SELECT count(*) FROM picked)::integer, %(lookahead)s)
+        %(limit)s - (SELECT count(*) FROM picked)::integer, %(lookahead)s,
+        %(pace_queue)s, %(pace_t0)s, %(pace_m)s, %(pace_gap)s, %(pace_burst)s, %(pace_n)s,
+        %(pace_wait)s, %(pace_end)s)
 ), lim AS (
     -- The limited rows as two arrays, read once: a per-row look-up in the CTE would compare each
     -- row with every other (batch x batch). NULL when no limited row was taken, so that the
@@ -199,6 +201,12 @@ SELECT NULL, NULL, NULL, NULL, NULL, l.queue, NULL, NULL, NULL, NULL, NULL, NULL
        true, l.wait_seconds, l.held, NULL, NULL, NULL
   FROM limited AS l
  WHERE l.id IS NULL;
+
+-- name: pace_ahead
+-- The starts of the next claim of one rate-limited queue, taken in a transaction of their own
+-- before the claim's (schema/0024), so that no claim holds the queue's pace until it commits.
+SELECT t0, m, gap_seconds, burst, n, wait_seconds, tat_end
+  FROM {schema}.pace_ahead(%(queue)s, %(want)s, %(lookahead)s);
 
 -- name: due_queues
 -- Of the given queues, those with a row ready to claim: one index probe each, no lock. The
