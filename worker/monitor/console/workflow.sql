@@ -21,9 +21,10 @@ SELECT t.state::text AS state, count(*) AS n, min(t.started_at) AS first_started
 -- name: console_workflow_steps
 -- One page of steps after step %(after)s (0: from the first), %(limit)s of them and one more to
 -- say whether a next page exists; only those in %(state)s when it is given. Each with the first
--- %(deps)s of its dependencies by id (read from the edges' primary key, so a join of 100,000
--- inputs costs no more than a step of one), what each came to (the edge's outcome: NULL until it
--- finished), and how many it has (counted up to %(deps_cap)s).
+-- %(deps)s of its dependencies by id, what each came to (the edge's outcome: NULL until it
+-- finished), and how many it has (counted up to %(deps_cap)s). Only a step that has dependencies
+-- looks for its edges: where one join holds most of them, the planner expects every step to have
+-- as many, and would walk every edge for each step of the page.
 SELECT t.id, left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_length,
        left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS queue_length,
        t.state::text AS state, t.attempts, t.max_attempts, t.pending_deps,
@@ -32,6 +33,8 @@ SELECT t.id, left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_l
        left(t.last_error, %(chars)s) AS last_error,
        CASE WHEN pg_column_size(t.last_error) <= %(stored)s THEN char_length(t.last_error)
             ELSE octet_length(t.last_error) END AS last_error_length,
+       -- pending_deps is NULL for a step that never had a dependency: no edge to look for.
+       CASE WHEN t.pending_deps IS NOT NULL THEN
        (SELECT coalesce(jsonb_agg(jsonb_build_object('id', d.depends_on, 'outcome', d.outcome,
                                                      'run_on_failure', d.run_on_failure)
                                   ORDER BY d.depends_on), '[]')
@@ -39,9 +42,10 @@ SELECT t.id, left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_l
                   FROM {schema}.task_deps AS d
                  WHERE d.task_id = t.id
                  ORDER BY d.depends_on
-                 LIMIT %(deps)s) AS d) AS deps,
+                 LIMIT %(deps)s) AS d) END AS deps,
+       CASE WHEN t.pending_deps IS NOT NULL THEN
        (SELECT count(*) FROM (SELECT 1 FROM {schema}.task_deps AS d
-                               WHERE d.task_id = t.id LIMIT %(deps_cap)s) AS c) AS deps_total
+                               WHERE d.task_id = t.id LIMIT %(deps_cap)s) AS c) END AS deps_total
   FROM {schema}.tasks AS t
  WHERE t.workflow_id = %(id)s AND t.id > %(after)s
    AND (%(state)s::text IS NULL OR t.state::text = %(state)s)
