@@ -126,12 +126,10 @@ def page(
     if wf.first_started is not None and wf.last_finished is not None and not wf.unfinished:
         took = esc(age((wf.last_finished - wf.first_started).total_seconds()))
     facts = (
-        f'<table class="fields"><tr><th>steps</th><td id="wf-total">{num(wf.total)}</td></tr>'
-        f'<tr><th>progress</th><td id="wf-progress">{progress}</td></tr>'
-        f"<tr><th>created</th><td>{stamp(wf.created_at)}</td></tr>"
-        f"<tr><th>first step started</th><td>{stamp(wf.first_started)}</td></tr>"
-        f"<tr><th>last step finished</th><td>{stamp(wf.last_finished)}</td></tr>"
-        f"<tr><th>took</th><td>{took}</td></tr></table>"
+        f'<p class="wf-facts"><b id="wf-total">{num(wf.total)}</b> steps · '
+        f'<span id="wf-progress">{progress}</span> · created {stamp(wf.created_at)} · first '
+        f"step started {stamp(wf.first_started)} · last step finished "
+        f"{stamp(wf.last_finished)} · took {took}</p>"
     )
     actions = ""
     if frame.can_act and wf.unfinished:
@@ -160,8 +158,10 @@ def page(
     first = f"after step {num(after)} · " if after else ""
     body = (
         f'<div class="panel-head task-head"><h2>Workflow {esc(wf.id)}{name}</h2>'
-        f"{help_box(HELP)}</div>{actions}"
-        f'<section class="panel" id="live-workflow" data-live>{facts}{_counts(wf, state)}'
+        f"{help_box(HELP)}</div>"
+        # The actions refresh with the rest: a workflow that finishes has nothing to cancel.
+        f'<section class="panel" id="live-workflow" data-live>{actions}{facts}'
+        f"{_counts(wf, state)}"
         f'<h3 id="steps">Steps</h3><p class="note">{shown}{first}in dependency order</p>'
         f"{listing}{pager}</section>"
     )
