@@ -97,7 +97,7 @@ def test_waiting_is_a_state_of_the_filter_the_overview_and_worker_status(
     # A bulk action by state does not take waiting steps, and says why.
     out = run_cli("cancel", "--state", "waiting", "--yes", "--dsn", pg_dsn, "--schema", schema)
     assert out.returncode != 0
-    assert "a waiting step belongs to a workflow" in out.stderr, out.stderr
+    assert "waiting steps are a workflow's: cancel the workflow" in out.stderr, out.stderr
     # The task page of a step links to its workflow.
     page = request(armed, "GET", f"/console/jobs/{ids['b']}")[2]
     assert f'href="/console/workflows/{wf}#step-{ids["b"]}"' in page
