@@ -1,5 +1,6 @@
-"""What operators read of workflows: one workflow with its steps (``worker status --workflow``,
-the console's workflow page) and the counts the metrics show. Cancelling a workflow is
+"""What operators read of workflows: one workflow with its steps (``worker status --workflow``)
+and the counts the metrics, the overview and ``worker status`` show (the console's page of one
+workflow has its own bounded reads, in monitor/console/workflow.sql). Cancelling a workflow is
 ``cancel_workflow`` in SQL (schema/0022), through ``store.cancel_workflow``."""
 
 from __future__ import annotations
