@@ -201,3 +201,122 @@ def test_a_rate_limit_holds_by_the_handlers_clock(
     assert early >= 0.9 * 40 * 4, early
     pids = conn.execute(f"SELECT count(DISTINCT pid) FROM {schema}.runs").fetchone()
     assert pids is not None and pids[0] == 2
+
+
+# -- workflow steps with the rest ------------------------------------------------------------------
+#
+# Cancelling a workflow while a step runs is in tests/test_workflows.py (and, from the console,
+# with real processes, tests/test_console_ui.py); a graceful stop in the middle of a fan-in,
+# resumed by the next fleet, in tests/test_workflows.py too. Here: a pause, a concurrency limit,
+# retries and a graceful stop, each with real `worker run` processes (compose_module's flow.*).
+
+
+def _step_row(conn: psycopg.Connection, schema: str, task_id: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        f"SELECT state::text, attempts, inputs FROM {schema}.tasks WHERE id = %s", (task_id,)
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+def _step_runs(conn: psycopg.Connection, schema: str, task_id: int) -> list[tuple[Any, ...]]:
+    """(attempt, started, finished) of each run of the step, first first."""
+    return conn.execute(
+        f"SELECT attempt, started, finished FROM {schema}.runs WHERE task_id = %s ORDER BY id",
+        (task_id,),
+    ).fetchall()
+
+
+def _step(n: int, queue: str = "plain", **more: Any) -> worker.Step:
+    return worker.step(f"flow.{queue}", {"n": n, **more}, queue=queue)
+
+
+def test_a_paused_queue_holds_a_ready_step_until_it_is_resumed(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A chain plain -> lim -> plain with `lim` paused: the first step runs and the second
+    becomes ready (queued), but does not start while the queue is paused; once resumed it runs,
+    after the resume committed by the database clock, and the third gets its result."""
+    _tables(conn, schema)
+    common = ("--dsn", pg_dsn, "--schema", schema)
+    assert run_cli("pause", "lim", *common).returncode == 0
+    flow = worker.chain(_step(1), _step(2, "lim"), _step(3))
+    wf = worker.enqueue_workflow(conn, flow, schema=schema)
+    a, b, c = (wf[s] for s in flow.steps)
+    with worker_process(pg_dsn, schema, "--queues", "lim,plain"):
+        wait_until(lambda: _step_row(conn, schema, b)[0] == "queued", timeout=20)
+        assert _step_row(conn, schema, a)[0] == "done"
+        time.sleep(2.0)  # polls and notifications come and go: the ready step stays put
+        assert _step_row(conn, schema, b)[0] == "queued" and _step_runs(conn, schema, b) == []
+        assert _step_row(conn, schema, c)[0] == "waiting"
+        (before_resume,) = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert run_cli("resume", "lim", *common).returncode == 0
+        wait_until(lambda: _step_row(conn, schema, c)[0] == "done", timeout=20)
+    ((attempt, started, _),) = _step_runs(conn, schema, b)
+    assert attempt == 1 and started > before_resume
+    first = {"n": 1, "attempt": 1, "inputs": []}
+    assert _step_row(conn, schema, c)[2] == [{"n": 2, "attempt": 1, "inputs": [first]}]
+
+
+def test_a_concurrency_limit_holds_for_a_workflows_steps(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Six steps of a group on `lim` (concurrency 2), their join on `plain`, one worker with 10
+    slots: never more than 2 of the six at once by the database clock, and the join runs once,
+    with the six results in order."""
+    _tables(conn, schema)
+    common = ("--dsn", pg_dsn, "--schema", schema)
+    assert run_cli("limits", "set", "lim", "--concurrency", "2", *common).returncode == 0
+    flow = worker.group([_step(i, "lim", sleep=0.4) for i in range(6)], then=_step(99))
+    wf = worker.enqueue_workflow(conn, flow, schema=schema)
+    join = wf[flow.steps[-1]]
+    with worker_process(pg_dsn, schema, "--queues", "lim,plain", "--concurrency", "10"):
+        wait_until(lambda: _step_row(conn, schema, join)[0] == "done", timeout=30)
+    assert _max_overlap(conn, schema, "lim") == 2
+    assert len(_step_runs(conn, schema, join)) == 1
+    assert [i["n"] for i in _step_row(conn, schema, join)[2]] == list(range(6))
+
+
+def test_a_retried_step_passes_on_the_result_of_its_successful_attempt(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A step that fails its first two attempts and succeeds at its third: the step after it
+    runs once, after that attempt, and receives that attempt's result."""
+    _tables(conn, schema)
+    flow = worker.chain(_step(1, fail_attempts=2), _step(2))
+    wf = worker.enqueue_workflow(conn, flow, schema=schema)
+    first, second = (wf[s] for s in flow.steps)
+    with worker_process(pg_dsn, schema, "--queues", "plain"):
+        wait_until(lambda: _step_row(conn, schema, second)[0] == "done", timeout=30)
+    assert _step_row(conn, schema, first)[:2] == ("done", 3)
+    runs = _step_runs(conn, schema, first)
+    assert [r[0] for r in runs] == [1, 2, 3]
+    ((_, started, _),) = _step_runs(conn, schema, second)
+    assert started > runs[-1][2]
+    assert _step_row(conn, schema, second)[2] == [{"n": 1, "attempt": 3, "inputs": []}]
+
+
+def test_a_graceful_stop_in_the_middle_of_a_chain_leaves_it_to_the_next_worker(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """SIGTERM while the second step of a chain of three runs, past a short grace: the worker
+    exits 0, the step is back in the queue and the third still waits; the next worker runs the
+    step again, never two of its runs at once, and the third gets the result of that run."""
+    _tables(conn, schema)
+    flow = worker.chain(_step(1), _step(2, sleep=30), _step(3))
+    wf = worker.enqueue_workflow(conn, flow, schema=schema)
+    a, b, c = (wf[s] for s in flow.steps)
+    with worker_process(pg_dsn, schema, "--queues", "plain", "--grace", "0.3") as proc:
+        wait_until(lambda: _step_runs(conn, schema, b), timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert [_step_row(conn, schema, x)[0] for x in (a, b, c)] == ["done", "queued", "waiting"]
+    conn.execute(
+        f"UPDATE {schema}.tasks SET payload = payload || '{{\"sleep\": 0.2}}' WHERE id = %s", (b,)
+    )
+    with worker_process(pg_dsn, schema, "--queues", "plain"):
+        wait_until(lambda: _step_row(conn, schema, c)[0] == "done", timeout=30)
+    runs = _step_runs(conn, schema, b)
+    assert len(runs) == 2 and runs[0][2] is not None and runs[0][2] <= runs[1][1]
+    first = {"n": 1, "attempt": 1, "inputs": []}
+    assert _step_row(conn, schema, c)[2] == [{"n": 2, "attempt": runs[1][0], "inputs": [first]}]

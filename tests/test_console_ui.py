@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import spawn_cli, wait_until
 from test_console import (  # noqa: F401  (fixtures)
     TOKEN,
     Contexts,
@@ -30,7 +32,9 @@ from test_console import (  # noqa: F401  (fixtures)
     sign_in,
     sync_playwright,
 )
+from test_pool import kill_tree
 
+import worker
 from worker.db.migrate import migrate
 from worker.db.sql import queries
 from worker.engine import rollup
@@ -46,7 +50,7 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS_IMAGES = ROOT / "docs" / "images"
-STATES = ("scheduled", "queued", "in_progress", "done", "failed", "cancelled")
+STATES = ("waiting", "scheduled", "queued", "in_progress", "done", "failed", "cancelled")
 LABELS = {s: s.replace("_", " ") for s in STATES}
 TIME_TEXT = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
 TIME_ATTR = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -426,7 +430,7 @@ def test_each_state_has_one_readable_colour_and_its_label_everywhere(
         assert _contrast(_rgb(color), _rgb(background)) >= 4.5, state
         assert _contrast(_rgb(color), (255, 255, 255)) >= 4.5, state
         colours[state] = _rgb(color)
-    assert len(set(colours.values())) == len(STATES)  # six states, six colours
+    assert len(set(colours.values())) == len(STATES)  # seven states, seven colours
     # The charts draw done, failed, queued and in progress in the same colours.
     page.goto(server.url + "console/")
     for sel, state, prop in (
@@ -707,3 +711,170 @@ def test_pages_render_for_the_docs(
             assert len(png) < 400_000, (name, len(png))
     finally:
         srv.stop()
+
+
+# -- a workflow's page, with real workers ---------------------------------------------------------
+
+
+def _save(page: Any, folder: Path, name: str) -> None:
+    """A screenshot of the page as the docs show it (1280x800, compressed)."""
+    path_png = folder / f"{name}.png"
+    path_png.write_bytes(_optimised(page.screenshot()))
+    png = path_png.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (1280, 800)
+    assert len(png) < 400_000, (name, len(png))
+
+
+def test_a_workflow_runs_fails_is_retried_and_cancelled_from_its_page(
+    browser: Contexts,  # noqa: F811
+    pg_dsn: str,
+    docs_schema: str,
+    conn: psycopg.Connection,
+    tmp_path: Path,
+) -> None:
+    """Real `worker run` processes run a chain, a group of four and their join, one of the four
+    failing (its service is down): the workflow's page shows each step in dependency order with
+    its task, state, attempts, time run, dependencies and error, refreshing itself as they run.
+    The operator retries the failed step from the page once the service is up, and the
+    workflow finishes; a second workflow is cancelled from its page while its first step runs.
+    With WORKER_WRITE_SCREENSHOTS=1 the page is saved as docs/images/console-workflow.png."""
+    s = docs_schema
+    ready = tmp_path / "stock-service-up"
+    flow = worker.Workflow("nightly-orders")
+    fetch = flow.add("orders.fetch", {"orders": 120})
+    split = flow.add("orders.split", depends_on=[fetch])
+    prices = [flow.add("orders.price", {"unit": u}, depends_on=[split]) for u in (3, 5, 7)]
+    stock = flow.add("orders.check_stock", {"ready_if": str(ready)}, depends_on=[split])
+    merge = flow.add("orders.merge", depends_on=[*prices, stock])
+    invoice = flow.add("orders.invoice", depends_on=[merge])
+    wf = worker.enqueue_workflow(conn, flow, schema=s)
+    ordered = [fetch, split, *prices, stock, merge, invoice]
+    assert [wf[x] for x in ordered] == sorted(wf.ids.values())  # ids in dependency order
+    names = ["fetch", "split", "price", "price", "price", "check_stock", "merge", "invoice"]
+
+    fleet = spawn_cli(
+        "run", "console_flows_module", "--dsn", pg_dsn, "--schema", s, "--concurrency", "4",
+        "--poll-interval", "0.2", "--log-level", "WARNING", stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    srv = serve(
+        "127.0.0.1", 0, dsn=pg_dsn, schema=s, ttl=0, console_token=TOKEN, console_refresh=1.0
+    )
+    try:
+        page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+        sign_in(page, srv)
+        page.goto(srv.url + f"console/workflows/{wf.id}")
+        assert page.locator("main h2").first.inner_text() == f"Workflow {wf.id} nightly-orders"
+
+        def cell(step: Any, col: str) -> str:
+            return page.locator(f'tr[data-step="{wf[step]}"] td[data-col="{col}"]').inner_text()
+
+        def states() -> list[str]:
+            return [cell(x, "state").split()[0] for x in ordered]
+
+        # The page refreshes itself while the workers run the steps, until the failure has
+        # cancelled what depends on it.
+        page.evaluate("window.__not_reloaded = true")
+        # (The failure cancels the join at once, maybe while the other three still run.)
+        expected = ["done"] * 5 + ["failed", "cancelled", "cancelled"]
+        wait_until(lambda: states() == expected, timeout=60, interval=0.2)
+        assert page.evaluate("window.__not_reloaded") is True
+        rows = page.locator("table.steps tbody tr")
+        assert rows.evaluate_all("rs => rs.map((r) => Number(r.dataset.step))") == [
+            wf[x] for x in ordered
+        ]
+        assert [cell(x, "task") for x in ordered] == [f"orders.{n}" for n in names]
+        assert cell(stock, "attempts") == "1/1"
+        assert "the stock service did not answer" in cell(stock, "error")
+        assert cell(merge, "error") == (
+            f"DependencyFailed: step {wf[stock]} (orders.check_stock) ended failed"
+        )
+        assert all(cell(x, "ran").endswith(("ms", " s")) for x in ordered[:6])
+        assert cell(merge, "ran") == "-"
+        # What each step waits for, and what each of those came to.
+        assert cell(fetch, "after") == "-"
+        assert cell(split, "after") == f"{wf[fetch]} done"
+        assert cell(merge, "after").split("\n") == [
+            *(f"{wf[x]} done" for x in prices),
+            f"{wf[stock]} failed",
+        ]
+        counts = {
+            c.get_attribute("data-count"): c.locator("b").inner_text()
+            for c in page.locator("[data-count]").all()
+        }
+        assert counts == {
+            "waiting": "0",
+            "scheduled": "0",
+            "queued": "0",
+            "in_progress": "0",
+            "done": "5",
+            "failed": "1",
+            "cancelled": "2",
+        }
+        assert page.inner_text("#wf-progress") == "finished"
+        assert page.locator("#actions").count() == 0  # nothing left to cancel
+        retry = page.locator("table.steps button:text('Retry')")
+        assert retry.count() == 1
+        assert page.locator(f'tr[data-step="{wf[stock]}"] button').inner_text() == "Retry"
+        _save(page, DOCS_IMAGES if WRITE else tmp_path, "console-workflow")
+
+        # The service is back: retry the failed step from the page; the workflow finishes.
+        ready.touch()
+        page.locator(f'tr[data-step="{wf[stock]}"] button:text("Retry")').click()
+        assert f"step {wf[stock]} retried" in page.inner_text(".flash")
+        wait_until(lambda: cell(invoice, "state") == "done", timeout=60, interval=0.2)
+        assert states() == ["done"] * 8
+        assert cell(merge, "after").split("\n") == [f"{wf[x]} done" for x in [*prices, stock]]
+        assert page.inner_text("#wf-progress") == "finished"
+        assert conn.execute(
+            f"SELECT inputs FROM {s}.tasks WHERE id = %s", (wf[merge],)
+        ).fetchone() == ([120, 200, 280, 40],)
+
+        # A second workflow, cancelled from its page while its first step runs.
+        long = worker.Workflow("backfill")
+        export = long.add("orders.export", {"seconds": 120})
+        after = long.add("orders.merge", depends_on=[export])
+        last = long.add("orders.invoice", depends_on=[after])
+        wf2 = worker.enqueue_workflow(conn, long, schema=s)
+        page.goto(srv.url + f"console/workflows/{wf2.id}")
+        wait_until(
+            lambda: (
+                page.locator(f'tr[data-step="{wf2[export]}"] td[data-col="state"]').inner_text()
+                == "in progress"
+            ),
+            timeout=30,
+            interval=0.2,
+        )
+        assert page.inner_text("#wf-progress") == "3 step(s) not finished"
+        page.locator("#actions button:text('Cancel workflow')").click()
+        assert f"workflow {wf2.id}: 3 step(s) cancelled or asked to stop" in page.inner_text(
+            ".flash"
+        )
+
+        def state2(step: Any) -> str:
+            cell = page.locator(f'tr[data-step="{wf2[step]}"] td[data-col="state"]')
+            return cell.inner_text().split()[0]
+
+        # Its worker stops the running step: the page shows it cancelled, as the rest.
+        wait_until(lambda: state2(export) == "cancelled", timeout=30, interval=0.2)
+        assert [state2(x) for x in (export, after, last)] == ["cancelled"] * 3
+        assert page.inner_text("#wf-progress") == "finished"
+        assert conn.execute(
+            f"SELECT cancelled_by, finished_at - started_at < interval '60 s' FROM {s}.tasks"
+            " WHERE id = %s",
+            (wf2[export],),
+        ).fetchone() == ("alice", True)
+        audit = conn.execute(
+            f"SELECT actor, action, filter FROM {s}.actions WHERE source = 'console' ORDER BY id"
+        ).fetchall()
+        assert audit == [
+            ("alice", "retry", {"task_id": wf[stock], "workflow_id": wf.id}),
+            ("alice", "cancel workflow", {"workflow_id": wf2.id}),
+        ]
+        # The task page of a step leads to its workflow's page.
+        page.goto(srv.url + f"console/jobs/{wf[merge]}")
+        page.click("#workflow-link")
+        page.wait_for_url(f"**/console/workflows/{wf.id}#step-{wf[merge]}")
+    finally:
+        srv.stop()
+        kill_tree(fleet)

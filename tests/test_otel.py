@@ -173,6 +173,66 @@ def test_enqueue_many_is_one_batch_span_that_every_row_links_to(
     assert sorted(linked_to(r)[0] for r in runs) == sorted([ids(sends[0])] * 3 + [ids(sends[1])])
 
 
+def test_a_workflows_steps_share_the_trace_of_its_enqueue(
+    traced: Any, conn: psycopg.Connection, schema: str, thread_worker: Any
+) -> None:
+    """A chain of 3 steps run by a worker: one producer span for the workflow, whose context
+    every step stores; each step's run is its child (one trace), carries the workflow's id, and
+    is the parent of its handler's own spans. A workflow written by SQL runs with root spans."""
+    provider, exporter = traced
+    tracer = provider.get_tracer("app")
+    reg = worker.Registry()
+
+    @reg.task("otel.step", queue="otelq")
+    def step(payload: dict, ctx: worker.Context) -> int:
+        with tracer.start_as_current_span(f"handler work {payload['n']}"):
+            return int(payload["n"]) + sum(ctx.inputs)
+
+    flow = worker.chain(*(worker.step(step, {"n": n}) for n in (1, 2, 3)))
+    with tracer.start_as_current_span("request"):
+        wf = worker.enqueue_workflow(conn, flow, schema=schema)
+    producer = one(exporter.get_finished_spans(), "send otelq")
+    assert producer.kind is SpanKind.PRODUCER
+    assert producer.parent.span_id == ids(one(exporter.get_finished_spans(), "request"))[1]
+    assert producer.attributes["worker.workflow.id"] == wf.id
+    assert producer.attributes["worker.workflow.name"] == ""
+    assert producer.attributes["messaging.batch.message_count"] == 3
+    steps = [wf[s] for s in flow.steps]
+    for task_id in steps:
+        assert stored_context(conn, schema, task_id)["traceparent"] == traceparent(producer)
+
+    with thread_worker(reg):
+        wait_until(lambda: states(conn, schema) == {"done": 3}, timeout=30)
+    spans = exporter.get_finished_spans()
+    runs = sorted(
+        (s for s in spans if s.name == "process otelq"),
+        key=lambda s: int(s.attributes["messaging.message.id"]),
+    )
+    assert [int(s.attributes["messaging.message.id"]) for s in runs] == steps
+    trace_id = ids(producer)[0]
+    for n, run in enumerate(runs, start=1):
+        assert run.kind is SpanKind.CONSUMER
+        assert ids(run)[0] == trace_id  # one trace
+        assert run.parent is not None and run.parent.span_id == ids(producer)[1]
+        assert run.links == ()  # the parent says it: no link besides
+        assert run.attributes["worker.workflow.id"] == wf.id
+        assert run.attributes["worker.task.outcome"] == "done"
+        handler = one(spans, f"handler work {n}")
+        assert handler.parent.span_id == ids(run)[1] and ids(handler)[0] == trace_id
+
+    # Written by SQL, without a context: each step runs as a root span with the workflow's id.
+    exporter.clear()
+    (sql_id,) = conn.execute(
+        f"SELECT {schema}.create_workflow(%s::jsonb, 'by sql')",
+        (json.dumps([{"key": "a", "task": "otel.step", "queue": "otelq", "payload": {"n": 1}}]),),
+    ).fetchone()
+    with thread_worker(reg):
+        wait_until(lambda: states(conn, schema) == {"done": 4}, timeout=30)
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "process otelq"]
+    assert root.parent is None and root.links == ()
+    assert root.attributes["worker.workflow.id"] == sql_id
+
+
 def test_enqueue_async_stores_its_span_context(
     traced: Any, pg_dsn: str, conn: psycopg.Connection, schema: str
 ) -> None:

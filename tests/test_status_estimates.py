@@ -17,7 +17,7 @@ from test_status_page import parse
 from worker.monitor.server import MetricsServer, serve
 from worker.ops.status import STATUS_CAP
 
-STATES = ("scheduled", "queued", "in progress", "done", "failed", "cancelled")
+STATES = ("waiting", "scheduled", "queued", "in progress", "done", "failed", "cancelled")
 
 
 @pytest.fixture

@@ -103,20 +103,24 @@ def emit(event: str, **fields: Any) -> None:
 
 @dataclass(slots=True)
 class Send:
-    """One enqueue call (``batch``: enqueue_many) as a producer observer sees it.
+    """One enqueue call (``batch``: enqueue_many, or enqueue_workflow when ``workflow`` is set)
+    as a producer observer sees it.
 
     On entering its context an observer may add entries to ``carrier`` (for OpenTelemetry, the
     W3C ``traceparent``/``tracestate``): they are stored with the row(s) as JSON (column
-    ``trace_context``, schema/0013). On leaving it reads what the call came to: the task id
-    (single enqueue), how many rows were written (``count``), or the exception.
+    ``trace_context``, schema/0013; a workflow's steps all carry the same). On leaving it reads
+    what the call came to: the task id (single enqueue), how many rows were written (``count``),
+    the workflow's id, or the exception.
     """
 
-    task: str
-    queue: str | None  # None: the database routes the row (schema/0006)
+    task: str  # "" for a workflow (its steps' tasks differ)
+    queue: str | None  # None: the database routes the row (schema/0006), or a workflow's differ
     batch: bool
     carrier: dict[str, str] = field(default_factory=dict)
     task_id: int | None = None
     count: int = 0
+    workflow: str | None = None  # enqueue_workflow: the workflow's name ("" for none)
+    workflow_id: int | None = None  # and, on leaving, its id
 
 
 class RunObserver(Protocol):

@@ -11,7 +11,11 @@ Then, following the OpenTelemetry messaging semantic conventions:
   (a link, as the conventions recommend for consumers: a task may run long after, and many times)
   and current while the handler runs, so the handler's own spans are its children. A failed run
   has status ERROR and the exception recorded; ``worker.task.outcome`` says what comes next:
-  "done", "retry", "failed" (for good) or "cancelled".
+  "done", "retry", "failed" (for good) or "cancelled";
+* a workflow (``enqueue_workflow``) is one PRODUCER span ("send", or "send <queue>" when its
+  steps share one; ``worker.workflow.name`` and ``worker.workflow.id``) whose context every step
+  stores, and each step's CONSUMER span is its child, not a link: the steps of a workflow share
+  its trace, and each carries ``worker.workflow.id``.
 
 A row written without a context (a plain SQL INSERT, ``worker enqueue``, cron) runs with a root
 consumer span. A context that is not a small JSON object of strings is ignored, never trusted.
@@ -27,7 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import context, propagate, trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from .. import hooks as _hooks
 from ..engine.job import Job, Outcome
@@ -86,8 +90,11 @@ def _producer(tracer: trace.Tracer) -> Any:
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.operation.type": "send",
             "messaging.operation.name": "send",
-            "worker.task.name": s.task,
         }
+        if s.task:
+            attributes["worker.task.name"] = s.task
+        if s.workflow is not None:
+            attributes["worker.workflow.name"] = s.workflow
         if s.queue is not None:
             attributes["messaging.destination.name"] = s.queue
         # Without a queue the database routes the row (schema/0006): the name is then the
@@ -98,6 +105,8 @@ def _producer(tracer: trace.Tracer) -> Any:
         ) as span:
             propagate.inject(s.carrier)
             yield
+            if s.workflow_id is not None:
+                span.set_attribute("worker.workflow.id", s.workflow_id)
             if s.batch:
                 span.set_attribute("messaging.batch.message_count", s.count)
             elif s.task_id is not None:
@@ -115,21 +124,31 @@ class _RunObserver:
 
     def start(self, job: Job) -> Any:
         c = job.claimed
-        links = _links(c.trace_context)
+        producer = _producer_context(c.trace_context)
+        attributes: dict[str, Any] = {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": c.queue,
+            "messaging.message.id": str(c.id),
+            "worker.task.name": c.task,
+            "worker.task.attempt": c.attempt,
+            "worker.task.max_attempts": c.max_attempts,
+        }
+        parent = None
+        links = [Link(producer)] if producer is not None else []
+        if c.workflow_id is not None:
+            attributes["worker.workflow.id"] = c.workflow_id
+            if producer is not None:
+                # A workflow's steps are one piece of work: each step's run is a child of the
+                # span that enqueued the workflow, so all of them are in its trace.
+                parent, links = trace.set_span_in_context(NonRecordingSpan(producer)), []
         span = self._tracer.start_span(
             f"process {c.queue}",
+            context=parent,
             kind=SpanKind.CONSUMER,
             links=links,
-            attributes={
-                "messaging.system": MESSAGING_SYSTEM,
-                "messaging.operation.type": "process",
-                "messaging.operation.name": "process",
-                "messaging.destination.name": c.queue,
-                "messaging.message.id": str(c.id),
-                "worker.task.name": c.task,
-                "worker.task.attempt": c.attempt,
-                "worker.task.max_attempts": c.max_attempts,
-            },
+            attributes=attributes,
         )
         return span, context.attach(trace.set_span_in_context(span))
 
@@ -164,18 +183,18 @@ def _fate(job: Job, outcome: Outcome) -> str:
     return "retry"
 
 
-def _links(raw: str | None) -> list[Link]:
-    """A link to the producer's span, from the stored context; none for a row without a valid
-    one (a plain INSERT, or something hostile)."""
+def _producer_context(raw: str | None) -> SpanContext | None:
+    """The producer's span, from the stored context; None for a row without a valid one (a
+    plain INSERT, or something hostile)."""
     if not raw or len(raw) > MAX_CONTEXT_CHARS:
-        return []
+        return None
     try:
         carrier = json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
-        return []
+        return None
     if not isinstance(carrier, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in carrier.items()
     ):
-        return []
+        return None
     producer = trace.get_current_span(propagate.extract(carrier)).get_span_context()
-    return [Link(producer)] if producer.is_valid else []
+    return producer if producer.is_valid else None

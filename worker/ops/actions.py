@@ -1,11 +1,13 @@
 """Operator actions on tasks named by id: retry, cancel and delete, one task (the CLI's
-``worker retry ID``) or many (the console's selections), and the console's entry in the record
-of actions.
+``worker retry ID``) or many (the console's selections), the steps of a workflow (cancel), and the
+console's entry in the record of actions.
 
 Every change goes through the store: a retry through its one retry (``requeue``, whose dedupe
-check leaves a task alone while a live task holds its key), a cancel through ``cancel_tasks``, a
-delete through ``delete_tasks``. Each statement re-checks the state of every row it touches, so
-ids listed a moment ago that have moved on since are left alone (and not counted).
+check leaves a task alone while a live task holds its key; a workflow's failed step resumes the
+workflow from there), a cancel through ``cancel_tasks`` (a workflow's through
+``cancel_workflow``), a delete through ``delete_tasks``. Each statement re-checks the state of
+every row it touches, so ids listed a moment ago that have moved on since are left alone (and not
+counted).
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ def cancel_one(
     return cancel_many(conn, schema, [task_id], by=by)[0]
 
 
+def cancel_workflow(conn: psycopg.Connection, schema: str, workflow_id: int, *, by: str) -> Outcome:
+    """Every step of the workflow that has not finished: waiting, scheduled and queued ones to
+    cancelled, running ones marked for their workers to stop (they end cancelled), for ``by``.
+    ``changed`` counts both (the database's ``cancel_workflow`` says no more)."""
+    return Outcome(store.cancel_workflow(conn, schema, int(workflow_id), by=by[:200]))
+
+
 def delete(conn: psycopg.Connection, schema: str, ids: list[int]) -> Outcome:
     """Delete the tasks among ``ids`` that no worker is running."""
     return Outcome(store.delete_tasks(conn, schema, _ids(ids)))
@@ -114,6 +123,7 @@ __all__ = [
     "Outcome",
     "cancel",
     "cancel_one",
+    "cancel_workflow",
     "delete",
     "recent",
     "record",

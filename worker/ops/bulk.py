@@ -124,6 +124,7 @@ def states_for(action: str, flt: Filter) -> list[str]:
     wrong = [s for s in flt.states if s not in allowed]
     if wrong:
         extra = " (running tasks are never touched)" if "in_progress" in wrong else ""
+        extra += " (waiting steps are a workflow's: cancel the workflow)" * ("waiting" in wrong)
         raise BulkError(
             f"{action} applies to {', '.join(allowed)} tasks, not {', '.join(wrong)}{extra}"
         )

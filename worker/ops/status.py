@@ -17,8 +17,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..db.sql import queries
+from .workflows import workflow_gauges
 
-STATES = ("scheduled", "queued", "in_progress", "done", "failed", "cancelled")
+# In the order a task goes through them: a workflow's step waits for its dependencies first.
+STATES = ("waiting", "scheduled", "queued", "in_progress", "done", "failed", "cancelled")
 
 # A worker is live while it has not stopped and its heartbeat is younger than this (the status
 # page, the metrics and `worker status` agree on it).
@@ -312,7 +314,8 @@ def status(
             ).fetchall()
         missing = missing_handlers(conn, schema, scan.queues, alive_seconds=alive_seconds, cap=cap)
         row = conn.execute(q["metrics_workers_alive"], {"alive_seconds": alive_seconds}).fetchone()
-        queues = _queue_statuses(scan.queues, finished, exact)
+        flows = workflow_gauges(conn, schema, cap=cap)
+        queues = _queue_statuses(scan.queues, finished, exact, flows)
         cells = [(e.queue, s) for e in queues for s in e.capped]
         guesses = estimates(conn, schema, cells)
     for e in queues:
@@ -325,7 +328,10 @@ def status(
 
 
 def _queue_statuses(
-    stats: list[QueueStats], finished: dict[tuple[str, str], int], exact: bool
+    stats: list[QueueStats],
+    finished: dict[tuple[str, str], int],
+    exact: bool,
+    flows: dict[str, Any],
 ) -> list[QueueStatus]:
     by_queue: dict[str, QueueStatus] = {}
 
@@ -342,6 +348,13 @@ def _queue_statuses(
         e.oldest_seconds, e.served = s.oldest_seconds, s.served
     for (name, state), n in finished.items():
         entry(name).counts[state] = n
+    # Workflow steps waiting for their dependencies (a bounded read of the workflow index: the
+    # counts are lower bounds when it stopped at its cap).
+    for name, n in flows.get("queues", {}).items():
+        e = entry(name)
+        e.counts["waiting"] = n
+        if flows.get("capped"):
+            e.capped.append("waiting")
     if not exact:
         for e in by_queue.values():
             e.capped += ["done", "cancelled"]

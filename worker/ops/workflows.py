@@ -1,5 +1,6 @@
-"""What operators read of workflows: one workflow with its steps (``worker status --workflow``,
-the console's workflow page) and the counts the metrics show. Cancelling a workflow is
+"""What operators read of workflows: one workflow with its steps (``worker status --workflow``)
+and the counts the metrics, the overview and ``worker status`` show (the console's page of one
+workflow has its own bounded reads, in monitor/console/workflow.sql). Cancelling a workflow is
 ``cancel_workflow`` in SQL (schema/0022), through ``store.cancel_workflow``."""
 
 from __future__ import annotations
@@ -69,12 +70,19 @@ def workflow_status(
 
 
 def workflow_gauges(conn: psycopg.Connection, schema: str, cap: int = 100_000) -> dict[str, Any]:
-    """{"steps": {state: n}, "workflows": n} of workflows with steps not finished (bounded)."""
+    """Steps of workflows not finished, read up to ``cap`` of them: {"steps": {state: n},
+    "queues": {queue: waiting steps}, "workflows": n, "capped": whether the read stopped at
+    ``cap`` (every count is then a lower bound)}."""
     rows = conn.execute(queries(schema)["metrics_workflows"], {"cap": cap}).fetchall()
-    return {
-        "steps": {s: int(n) for s, n, _ in rows if s is not None},
-        "workflows": next((int(w) for s, _, w in rows if s is None), 0),
-    }
+    out: dict[str, Any] = {"steps": {}, "queues": {}, "workflows": 0, "capped": False}
+    for state, queue, steps, flows, g in rows:
+        if g == 1:
+            out["steps"][state] = int(steps)
+        elif g == 2 and queue is not None:
+            out["queues"][queue] = int(steps)
+        elif g == 3:
+            out["workflows"], out["capped"] = int(flows), int(steps) >= cap
+    return out
 
 
 __all__ = ["STEP_LIMIT", "StepRow", "WorkflowStatus", "workflow_gauges", "workflow_status"]

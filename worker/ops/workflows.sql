@@ -26,13 +26,17 @@ SELECT t.state::text AS state, count(*) AS n
  GROUP BY 1;
 
 -- name: metrics_workflows
--- Steps of workflows that have not finished, by state, and the workflows they belong to (up to
--- %(cap)s steps read: a bounded scan of the workflow index); the row without a state counts
--- every such workflow once.
-SELECT s.state, count(*) AS steps, count(DISTINCT s.workflow_id) AS workflows
-  FROM (SELECT t.state::text AS state, t.workflow_id
+-- Steps of workflows that have not finished, by state, the waiting ones by queue too, and the
+-- workflows they belong to (up to %(cap)s steps read: a bounded scan of the workflow index).
+-- `g` says which grouping a row is: 1 a state's steps, 2 a queue's waiting steps (the row with
+-- no queue counts the steps that are not waiting), 3 every step read, with every such workflow
+-- counted once.
+SELECT s.state, s.waiting_in, count(*) AS steps, count(DISTINCT s.workflow_id) AS workflows,
+       GROUPING(s.state, s.waiting_in) AS g
+  FROM (SELECT t.state::text AS state, t.workflow_id,
+               CASE WHEN t.state = 'waiting' THEN t.queue END AS waiting_in
           FROM {schema}.tasks AS t
          WHERE t.workflow_id IS NOT NULL
            AND t.state IN ('waiting', 'scheduled', 'queued', 'in_progress')
          LIMIT %(cap)s) AS s
- GROUP BY GROUPING SETS ((s.state), ());
+ GROUP BY GROUPING SETS ((s.state), (s.waiting_in), ());

@@ -46,7 +46,15 @@ from .claims import (
     wake_handed_back,
 )
 from .inserts import copy, cron_slots, delayed_until, insert, insert_async, insert_workflow
-from .operator import BulkStep, Requeued, bulk_step, cancel_tasks, delete_tasks, requeue
+from .operator import (
+    BulkStep,
+    Requeued,
+    bulk_step,
+    cancel_tasks,
+    cancel_workflow,
+    delete_tasks,
+    requeue,
+)
 from .recovery import purge, rescue, settle_missed, worker_died
 
 __all__ = [
@@ -66,6 +74,7 @@ __all__ = [
     "behind",
     "bulk_step",
     "cancel_tasks",
+    "cancel_workflow",
     "claim",
     "claim_all",
     "complete",

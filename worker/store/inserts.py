@@ -80,11 +80,13 @@ def insert_workflow(
     name: str,
     steps: Sequence[tuple[Any, ...]],
     edges: Sequence[tuple[int, int, bool, int]],
+    trace_context: str | None = None,
 ) -> tuple[int, list[int]]:
     """A workflow in the caller's transaction: its row, its steps by COPY (each a tuple of
     task, payload JSON text, queue, priority, max_attempts, limit_key, waits; in dependency
     order), then its edges by COPY ((step, dependency, run_on_failure, position), as indexes
-    into ``steps``). Returns (workflow id, the steps' ids)."""
+    into ``steps``). ``trace_context``: the producer's (JSON text), stored with every step.
+    Returns (workflow id, the steps' ids)."""
     q = statements(schema)
     row = conn.execute(q["workflow_create"], {"name": name}).fetchone()
     assert row is not None
@@ -97,7 +99,10 @@ def insert_workflow(
             ):
                 state = "waiting" if waits else "queued"
                 copy.write_row(
-                    (i, task, payload, queue, priority, max_attempts, limit_key, workflow_id, state)
+                    (
+                        *(i, task, payload, queue, priority, max_attempts, limit_key),
+                        *(workflow_id, state, trace_context),
+                    )
                 )
         if edges:
             with cur.copy(q["workflow_copy_edges"]) as copy:

@@ -112,8 +112,10 @@ SELECT nextval(pg_get_serial_sequence('{schema}.tasks', 'id')) AS id
 -- name: workflow_copy_steps
 -- A workflow's steps: waiting when they have dependencies (their count is made by the edges'
 -- trigger), queued otherwise. A NULL queue is routed (schema/0006); run_at is the database's now().
+-- Every step carries the trace context of the enqueue that wrote them (NULL when untraced), so
+-- a traced workflow's steps share one trace.
 COPY {schema}.tasks (id, task, payload, queue, priority, max_attempts, limit_key, workflow_id,
-                     state)
+                     state, trace_context)
 FROM STDIN;
 
 -- name: workflow_copy_edges

@@ -1,5 +1,5 @@
-"""Operator actions on task rows: the one retry (``requeue``), cancel, delete, and one batch of
-a bulk action by filter (``bulk_step``).
+"""Operator actions on task rows: the one retry (``requeue``), cancel (of tasks, or of a
+workflow's unfinished steps), delete, and one batch of a bulk action by filter (``bulk_step``).
 
 The logic of each lives in SQL functions (schema/0008, 0010, 0016), so ``psql`` users, the CLI,
 the console and the Python API act alike; this module runs them. Every statement re-checks the
@@ -52,6 +52,17 @@ def cancel_tasks(
     return [(int(i), outcome, state) for i, outcome, state in rows.fetchall()]
 
 
+def cancel_workflow(
+    conn: psycopg.Connection, schema: str, workflow_id: int, *, by: str | None
+) -> int:
+    """Cancel every step of ``workflow_id`` that has not finished, for ``by`` (None: the database
+    role): returns how many were cancelled or asked to stop (schema/0022, cancel_workflow)."""
+    row = conn.execute(
+        statements(schema)["cancel_workflow"], {"id": workflow_id, "by": by}
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def delete_tasks(conn: psycopg.Connection, schema: str, ids: Sequence[int]) -> int:
     """Delete the tasks among ``ids`` that no worker is running; returns how many went."""
     row = conn.execute(statements(schema)["delete_tasks"], {"ids": list(ids)}).fetchone()
@@ -101,4 +112,12 @@ def bulk_step(
     return BulkStep(row[0], row[1], row[2], list(row[3]), list(row[4]), row[5])
 
 
-__all__ = ["BulkStep", "Requeued", "bulk_step", "cancel_tasks", "delete_tasks", "requeue"]
+__all__ = [
+    "BulkStep",
+    "Requeued",
+    "bulk_step",
+    "cancel_tasks",
+    "cancel_workflow",
+    "delete_tasks",
+    "requeue",
+]

@@ -15,6 +15,13 @@ SELECT r.requeued, r.skipped FROM {schema}.requeue(%(ids)s::bigint[], %(dry_run)
 SELECT c.id, c.outcome, c.state
   FROM {schema}.cancel_tasks(%(ids)s::bigint[], %(by)s::text) AS c;
 
+-- name: cancel_workflow
+-- Cancel every step of workflow %(id)s that has not finished, for %(by)s (NULL: the database
+-- role): waiting, scheduled and queued steps end cancelled at once, running ones are marked and
+-- their workers told (schema/0022, cancel_workflow, through cancel_tasks). Returns how many steps
+-- were cancelled or asked to stop.
+SELECT {schema}.cancel_workflow(%(id)s::bigint, %(by)s::text);
+
 -- name: delete_tasks
 -- Delete the tasks among %(ids)s that no worker is running (a running task's worker would find
 -- its row gone: cancel it or let it finish first); returns how many.

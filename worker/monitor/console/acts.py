@@ -1,6 +1,7 @@
 """What each of the console's actions does, once ``app.Console`` has let its request through
 (a signed-in session, this console's origin, the session's CSRF token): retry, cancel or delete a
-task or every task of a filter, pause or resume a queue. Each runs with its audit record in one
+task or every task of a filter, cancel a workflow or retry one of its steps, pause or resume a
+queue. Each runs with its audit record in one
 transaction (``ConsoleData.act``), is logged, and leaves a message for the person's next page.
 """
 
@@ -23,6 +24,7 @@ from .auth import Session
 from .data import ConsoleData, first_line
 from .filter import parse_filter
 from .responses import Response, redirect
+from .workflow import workflow_link
 
 log = logging.getLogger("worker.console")
 
@@ -135,6 +137,66 @@ class Acts:
                 text += "; more may match: run it again"
             session.flash.append(text)
         return redirect(back)
+
+    def _workflow_action(
+        self,
+        session: Session,
+        who: tuple[str, str],
+        workflow_id: int,
+        verb: str,
+        form: Mapping[str, list[str]],
+    ) -> Response:
+        """Cancel a workflow (its unfinished steps), or retry one of its steps (``step``), then
+        back to the workflow's page (at ``after``, the page the button was on)."""
+        after = _first(form, "after")
+        back = workflow_link(workflow_id, after=after if after.isdigit() else "")
+        if workflow_id >= 2**63:
+            return redirect("/console/jobs")
+        if verb == "cancel":
+            outcome = self._act(
+                session,
+                who,
+                "cancel workflow",
+                {"workflow_id": workflow_id},
+                lambda conn: actions.cancel_workflow(
+                    conn, self.schema, workflow_id, by=session.name
+                ),
+            )
+            if outcome is not None:
+                session.flash.append(
+                    f"workflow {workflow_id}: {outcome.changed:,} step(s) cancelled or asked to "
+                    "stop"
+                    if outcome.changed
+                    else f"workflow {workflow_id}: nothing to cancel, every step has finished"
+                )
+            return redirect(back)
+        step = _first(form, "step")
+        if not step.isdigit() or not 0 < int(step) < 2**63:
+            session.flash.append("retry refused: it needs the step to retry")
+            return redirect(back)
+        task_id = int(step)
+        outcome = self._act(
+            session,
+            who,
+            "retry",
+            {"task_id": task_id, "workflow_id": workflow_id},
+            lambda conn: actions.retry(conn, self.schema, [task_id]),
+        )
+        if outcome is not None:
+            if outcome.changed:
+                session.flash.append(
+                    f"step {task_id} retried: the steps its failure cancelled wait for it again"
+                )
+            elif outcome.skipped:
+                session.flash.append(
+                    f"step {task_id} not retried: a scheduled, queued or running task holds its "
+                    "dedupe key"
+                )
+            else:
+                session.flash.append(
+                    f"step {task_id} not retried: it is gone or no longer failed or cancelled"
+                )
+        return redirect(f"{back}#step-{task_id}")
 
     @staticmethod
     def _actions(actor: str) -> dict[str, Callable[[psycopg.Connection, str, list[int]], Any]]:

@@ -27,6 +27,7 @@ from ..page.render import render_page
 from ..readmodel import Database
 from . import jobs as console_jobs
 from . import views as console_views
+from . import workflow as console_workflow
 from .acts import Acts
 from .auth import ConsoleAuth, Session, clear_cookie, csrf_ok, same_origin, set_cookie
 from .data import ConsoleData, first_line
@@ -43,6 +44,8 @@ MAX_FORM_FIELDS = 20
 RETRY = ("Retry-After", "5")
 _TASK_ACTION = re.compile(r"/console/jobs/([0-9]{1,19})/(retry|cancel|delete)")
 _TASK_PAGE = re.compile(r"/console/jobs/([0-9]{1,19})")
+_WORKFLOW_PAGE = re.compile(r"/console/workflows/([0-9]{1,19})")
+_WORKFLOW_ACTION = re.compile(r"/console/workflows/([0-9]{1,19})/(cancel|retry)")
 _DOWNLOAD = re.compile(r"/console/jobs/([0-9]{1,19})/(payload|result|errors)\.json")
 DOWNLOADS = 2  # downloads read from the database or sent at the same time, at most
 
@@ -151,6 +154,8 @@ class Console(Acts):
             task = self.data.task(task_id) if task_id < 2**63 else None
             status = HTTPStatus.OK if task else HTTPStatus.NOT_FOUND
             return self._html(console_jobs.detail(frame, task, task_id), status)
+        if match := _WORKFLOW_PAGE.fullmatch(path):
+            return self._workflow_page(frame, int(match.group(1)), params)
         if path == "/console/queues":
             page = self.db.page()
             paused = self._safe(self.data.paused, [])
@@ -166,6 +171,20 @@ class Console(Acts):
             console_views.message(frame, "Not found", "No such console page."),
             HTTPStatus.NOT_FOUND,
         )
+
+    def _workflow_page(
+        self, frame: Frame, workflow_id: int, params: Mapping[str, list[str]]
+    ) -> Response:
+        state = _first(params, "state") or None
+        if state not in (None, *console_workflow.STEP_STATES):
+            state = None
+        after = _first(params, "after")
+        start = int(after) if after.isdigit() and int(after) < 2**63 else 0
+        wf = None
+        if workflow_id < 2**63:
+            wf = self.data.workflow(workflow_id, after=start, state=state)
+        status = HTTPStatus.OK if wf else HTTPStatus.NOT_FOUND
+        return self._html(console_workflow.page(frame, wf, workflow_id, state, start), status)
 
     def _download(self, frame: Frame, task_id: int, what: str) -> Response:
         """The whole payload, result or error history of a task, as a JSON file, read like its
@@ -249,6 +268,9 @@ class Console(Acts):
             return self._task_action(session, who, int(match.group(1)), match.group(2))
         if path == "/console/jobs/bulk":
             return self._bulk(session, who, form)
+        if match := _WORKFLOW_ACTION.fullmatch(path):
+            workflow_id, verb = int(match.group(1)), match.group(2)
+            return self._workflow_action(session, who, workflow_id, verb, form)
         if path in ("/console/queues/pause", "/console/queues/resume"):
             return self._queue_action(session, who, path.rsplit("/", 1)[1], _first(form, "queue"))
         return self._refuse(frame, "no such action", HTTPStatus.NOT_FOUND)

@@ -5,6 +5,8 @@
 -- left() of a text column reads only the start of it; octet_length() only its header.
 
 -- name: browse_any
+-- Every state, newest first; or the waiting steps of workflows (%(state)s), which no index holds:
+-- found among the rows of the same walk.
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
@@ -18,6 +20,7 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
     SELECT s.*,
            (%(task)s::text IS NULL OR s.task = %(task)s)
            AND (%(queue)s::text IS NULL OR s.queue = %(queue)s)
+           AND (%(state)s::text IS NULL OR s.state::text = %(state)s)
            AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
                 OR s.last_error ILIKE %(pattern)s) AS hit,
            row_number() OVER () AS n
@@ -230,7 +233,8 @@ SELECT date_trunc('minute', now()) AS minute;
 -- One task for its page: names and keys cut to %(name_chars)s characters; the last error cut to
 -- %(chars)s characters; the payload, the result and the error history as text cut to %(chars)s
 -- characters (pretty when small) with their sizes as JSON, or, stored larger than %(stored)s
--- bytes, only their stored sizes; the worker that holds or last held it, and its lease.
+-- bytes, only their stored sizes; the worker that holds or last held it, and its lease; the
+-- workflow it is a step of (schema/0022), if any.
 SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_length,
        t.state::text AS state, t.priority, t.attempts, t.max_attempts, t.handed_back,
@@ -241,7 +245,7 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
        left(t.dedupe_key, %(name_chars)s) AS dedupe_key,
        left(t.cron_key, %(name_chars)s) AS cron_key,
        t.cron_at, t.cancel_requested_at, left(t.cancelled_by, %(name_chars)s) AS cancelled_by,
-       t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
+       t.workflow_id, t.pending_deps, t.worker_id, w.host AS worker_host, w.pid AS worker_pid,
        w.heartbeat_at AS worker_heartbeat_at, w.stopped_at AS worker_stopped_at,
        left(t.last_error, %(chars)s) AS last_error, octet_length(t.last_error) AS last_error_bytes,
        CASE WHEN pg_column_size(t.last_error) <= %(stored)s THEN char_length(t.last_error) END

@@ -49,6 +49,10 @@ LOAN_SECONDS = 2.0
 BULK_SCAN_ROWS = 500_000  # rows a bulk action walks at most to find its tasks
 STATEMENT_TIMEOUT_MS = 5000
 ROW_CHARS = 200  # error and payload on a row of the browser
+ROW_NAME_CHARS = 255  # queue and task names on a row
+WORKFLOW_STEPS = 200  # steps on a page of a workflow
+STEP_DEPS = 10  # dependencies shown per step (the rest are counted)
+STEP_DEPS_CAP = 100_001  # dependencies counted per step at most
 DETAIL_CHARS = 65_536  # error, payload, result and error history on a task's page
 DETAIL_NAME_CHARS = 1000
 # A value stored larger than this (compressed, as pg_column_size says) is not read for a page at
@@ -103,6 +107,29 @@ class Page:
     next_cursor: str | None = None  # the page after this one, when there is one
     scanned_to: str | None = None  # the walk stopped at its limit here, the page not full
     error: str | None = None
+
+
+@dataclass
+class WorkflowPage:
+    """One workflow for its page: its row, its steps counted by state (with when the first
+    started and the last finished), and one page of its steps in dependency order."""
+
+    id: int
+    name: str
+    created_at: datetime
+    counts: dict[str, int]
+    first_started: datetime | None
+    last_finished: datetime | None
+    steps: list[dict[str, Any]]
+    next_after: int | None  # the id the next page starts after, when there is one
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def unfinished(self) -> int:
+        return sum(n for s, n in self.counts.items() if s not in ("done", "failed", "cancelled"))
 
 
 def first_line(exc: BaseException) -> str:
@@ -238,6 +265,51 @@ class ConsoleData(Charts):
 
         return self._run(read)
 
+    # one workflow
+
+    def workflow(
+        self, workflow_id: int, *, after: int = 0, state: str | None = None
+    ) -> WorkflowPage | None:
+        """The workflow and the page of its steps after step ``after`` (only those in ``state``
+        when given); None when there is no such workflow."""
+
+        def read(conn: psycopg.Connection) -> WorkflowPage | None:
+            with conn.cursor(row_factory=dict_row) as cur:
+                head = cur.execute(self.q["console_workflow"], {"id": workflow_id}).fetchone()
+                if head is None:
+                    return None
+                counts = cur.execute(
+                    self.q["console_workflow_counts"], {"id": workflow_id}
+                ).fetchall()
+                steps = cur.execute(
+                    self.q["console_workflow_steps"],
+                    {
+                        "id": workflow_id,
+                        "after": after,
+                        "state": state,
+                        "limit": WORKFLOW_STEPS,
+                        "deps": STEP_DEPS,
+                        "deps_cap": STEP_DEPS_CAP,
+                        "name_chars": ROW_NAME_CHARS,
+                        "chars": ROW_CHARS,
+                        "stored": STORED_BYTES,
+                    },
+                ).fetchall()
+            more = len(steps) > WORKFLOW_STEPS
+            steps = steps[:WORKFLOW_STEPS]
+            return WorkflowPage(
+                int(head["id"]),
+                head["name"],
+                head["created_at"],
+                {r["state"]: int(r["n"]) for r in counts},
+                min((r["first_started"] for r in counts if r["first_started"]), default=None),
+                max((r["last_finished"] for r in counts if r["last_finished"]), default=None),
+                steps,
+                int(steps[-1]["id"]) if more else None,
+            )
+
+        return self._run(read)
+
     def download(self, task_id: int, what: str) -> IO[bytes] | None:
         """The task's ``what`` (payload, result or errors) as JSON text in UTF-8, in a file
         positioned at its start (in memory up to DOWNLOAD_MEMORY bytes, on disk beyond), or None
@@ -316,5 +388,6 @@ __all__ = [
     "Page",
     "Throughput",
     "Trends",
+    "WorkflowPage",
     "first_line",
 ]

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-STATES = ("scheduled", "queued", "in_progress", "done", "failed", "cancelled")
+STATES = ("waiting", "scheduled", "queued", "in_progress", "done", "failed", "cancelled")
 NAME_CHARS = 255  # queue and task names, as the table allows (schema/0004)
 TEXT_CHARS = 200  # text searched in payloads and errors
 MAX_ID = 2**63 - 1
@@ -27,6 +27,7 @@ END = datetime.max.replace(tzinfo=UTC)  # and for infinity
 # Which statement of browse.sql walks which state.
 MODES = {
     None: "any",
+    "waiting": "any",  # no index holds waiting steps: the walk of every row, by id
     "in_progress": "running",
     "queued": "queued",
     "scheduled": "scheduled",
@@ -58,6 +59,7 @@ class Filter:
             or self.text
             or (self.queue and not queue_in_walk)
             or self.mode == "finished"  # done and cancelled share their index
+            or self.state == "waiting"  # read among every row
         )
 
     @property

@@ -151,7 +151,20 @@ def _fields(task: dict[str, Any]) -> list[tuple[str, str]]:
         ("dedupe key", esc(task["dedupe_key"] or "-", 1000)),
         ("cron", cron),
         ("cancel", _cancel_text(task)),
+        ("workflow", _workflow_text(task)),
     ]
+
+
+def _workflow_text(task: dict[str, Any]) -> str:
+    """The workflow the task is a step of, linked to its page (markup)."""
+    if task.get("workflow_id") is None:
+        return "-"
+    wf = int(task["workflow_id"])
+    text = f'<a id="workflow-link" href="/console/workflows/{wf}#step-{int(task["id"])}">'
+    text += f"workflow {wf}</a>"
+    if task["state"] == "waiting" and task.get("pending_deps"):
+        text += f" (waiting for {num(task['pending_deps'])} step(s) to finish)"
+    return text
 
 
 def _cancel_text(task: dict[str, Any]) -> str:

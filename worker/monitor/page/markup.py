@@ -111,6 +111,7 @@ def stamp(value: Any, now: datetime | None = None) -> str:
 # The task states, in the order a task goes through them, with the label each is shown with. Each
 # has its colour (the style sheet's .state-NAME), always beside its label, never alone.
 STATE_LABELS = {
+    "waiting": "waiting",  # a workflow's step, until its dependencies finish
     "scheduled": "scheduled",
     "queued": "queued",
     "in_progress": "in progress",

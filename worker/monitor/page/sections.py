@@ -95,7 +95,10 @@ def cards(page: PageData, extra: tuple[tuple[str, str], ...] = ()) -> str:
     failed_mark = ""
     if any("failed" in q.capped_states for q in snap.queues):
         failed_total, failed_mark = snap.estimates.get("failed"), "≈"
+    flows = snap.workflows or {}
+    waiting = ("≥" if flows.get("capped") else "") + num(flows.get("steps", {}).get("waiting", 0))
     values = [
+        (waiting, "waiting", "waiting (workflow steps)"),
         (_mark(shown, ("queued",)) + num(total_queued), "queued", "queued (due)"),
         (_mark(shown, ("scheduled",)) + num(sum(q.delayed for q in shown)), "scheduled", ""),
         (num(sum(q.running for q in snap.queues)), "in_progress", ""),
@@ -128,6 +131,7 @@ def routing(snap: Snapshot) -> str:
 
 QUEUE_HEAD = [
     "queue",
+    badge("waiting"),
     badge("queued", "queued (due)"),
     badge("scheduled"),
     badge("in_progress"),
@@ -140,15 +144,20 @@ QUEUE_HEAD = [
 QUEUES_HELP = (
     "Tasks per queue and state; each count links to those tasks in the job browser. Counts stop "
     "at the counting cap: beyond it ≈ marks the planner's estimate, ≥ the cap where the estimate "
-    "is lower. When the task table holds many finished rows, done and cancelled rows are not "
-    "counted per queue: ≈ marks the planner's estimates there too. “oldest due” is how long the "
+    "is lower. “waiting” counts the workflow steps that wait for their dependencies, read among "
+    "the unfinished steps of workflows up to the cap (≥ when it was reached). When the task "
+    "table holds many finished rows, done and cancelled rows are not counted per queue: ≈ "
+    "marks the planner's estimates there too. “oldest due” is how long the "
     "oldest task that may run now has waited; “live worker” whether a live worker serves the "
     "queue."
 )
 
 
 def queue_names(page: PageData) -> list[str]:
-    return sorted({q.queue for q in page.snapshot.queues} | {k[0] for k in page.finished})
+    waiting = (page.snapshot.workflows or {}).get("queues", {})
+    return sorted(
+        {q.queue for q in page.snapshot.queues} | {k[0] for k in page.finished} | set(waiting)
+    )
 
 
 def queue_table(
@@ -172,6 +181,8 @@ def queue_table(
     first = (number - 1) * QUEUES_PER_PAGE
     listed = names[first : first + QUEUES_PER_PAGE]
     by_name = {q.queue: q for q in snap.queues}
+    flows = snap.workflows or {}
+    waiting, waiting_mark = flows.get("queues", {}), "≥" if flows.get("capped") else ""
 
     def linked(name: str, state: str, text: str) -> str:
         return f'<a href="{esc(link(name, state), 10_000)}">{text}</a>' if link else text
@@ -179,7 +190,9 @@ def queue_table(
     rows = []
     for name in listed:
         q = by_name.get(name) or QueueRow(name, 0, 0, 0, False, None)
+        n_waiting = waiting.get(name, 0)
         counts = {
+            "waiting": (waiting_mark if n_waiting else "") + num(n_waiting),
             "queued": _count(q, "queued", q.queued),
             "scheduled": _count(q, "scheduled", q.delayed),
             "in_progress": num(q.running),
