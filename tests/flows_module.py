@@ -115,3 +115,11 @@ def sleep(payload: dict[str, Any], ctx: worker.Context) -> int:
     finally:
         _end(run)
     return int(payload.get("n", 0))
+
+
+@worker.task("wf.offline", max_attempts=3, retry_backoff=0.1)
+def offline(payload: dict[str, Any], ctx: worker.Context) -> int:
+    """add without a record, after a pause: a step that needs no database of its own (so a
+    database outage fails none of its attempts)."""
+    time.sleep(float(payload.get("s", 0)))
+    return int(payload.get("n", 0)) + sum(int(i or 0) for i in ctx.inputs)
