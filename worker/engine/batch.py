@@ -168,7 +168,7 @@ class Batcher:
         cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results) take
         a statement of their own, and are announced to waiters; the others' acknowledgement is
         ``complete`` alone. Workflow steps that others wait for carry their result (see
-        engine.runners); their dependents are settled by ``settle``, after the claim."""
+        engine.runners) and settle their dependents after (``store.settle_steps``)."""
         done = [
             (j.id, j.attempt)
             for j in jobs
@@ -224,47 +224,14 @@ class Batcher:
             back = store.release(conn, self.q.schema, worker_id=self.worker_id, tasks=released)
             for task_id, state in back.items():
                 states[task_id] = "cancelled" if state == "cancelled" else "released"
-        return kept, states
-
-    def settle(self, conn: psycopg.Connection, jobs: list[Job]) -> list[str]:
-        """Workflows: acknowledged steps that others wait for settle those (a batch of plain
-        tasks skips it), after the claim: it locks the dependents it counts down (a join fed by
-        many workers), and a lock held through the claim would hold up every other worker's
-        acknowledgement that much longer. Returns the served queues where steps became ready."""
+        # Workflows: steps that others wait for (known at their claim) settle those in this
+        # transaction; a batch of plain tasks skips it.
         steps = [j.id for j in jobs if j.claimed.dependents and j.outcome]
-        if not steps:
-            return []
-        ready = [q for q in store.settle_steps(conn, self.q.schema, steps) if q in self._served]
-        self._hot.update(ready)
-        return ready
-
-    def claim_ready(
-        self, conn: psycopg.Connection, first: Claim | None, free: int, queues: list[str]
-    ) -> Claim | None:
-        """After ``settle``, in its transaction: claim the steps it made ready in ``queues``,
-        within what ``first`` (this transaction's claim) left, so that a chain's next step is
-        claimed in the commit that finished the one before it. The two claims as one."""
-        limit = first.limit if first is not None else min(self.batch_size, free)
-        room = limit - (len(first.rows) if first is not None else 0)
-        if room <= 0:
-            return first
-        taken = store.claim_all(
-            conn,
-            self.q.schema,
-            queues=queues,
-            limit=room,
-            worker_id=self.worker_id,
-            lease_seconds=self.lease_seconds,
-            cursor=self.cursor,
-            max_attempts=self._handlers,
-        )
-        first = first or Claim([], limit, [])
-        names = first.queues + [q for q in queues if q not in first.queues]
-        order = {name: i for i, name in enumerate(names)}
-        rows = sorted(
-            first.rows + taken.rows, key=lambda c: (order[c.queue], -c.priority, c.run_at, c.id)
-        )
-        return Claim(names, limit, rows, {**first.waits, **taken.waits}, first.held | taken.held)
+        if steps:
+            # The steps made ready here are read by the claim that follows in this transaction:
+            # a chain's next step is claimed in the commit that finished the one before it.
+            self.mark(store.settle_steps(conn, self.q.schema, steps))
+        return kept, states
 
     def pace_ahead(self, conn: psycopg.Connection, free: int) -> None:
         """Outside the claim's transaction: take the starts of the next claim of the rate-limited

@@ -376,9 +376,6 @@ class Worker:
                 kept, states = self.batcher.acknowledge(conn, acking)
                 if claim:
                     got = self.batcher.claim(conn, free, now)
-                ready = self.batcher.settle(conn, acking)  # workflows: last, see settle
-                if claim and ready:
-                    got = self.batcher.claim_ready(conn, got, free, ready)
                 self._report_acked(acking, kept, states)
                 if got is not None and got.rows:
                     self.hooks.claimed(self, got.rows)
