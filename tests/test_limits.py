@@ -899,6 +899,18 @@ def _pace(conn: psycopg.Connection, schema: str, queue: str) -> datetime:
     return row[0]
 
 
+def _claim_paced(
+    conn: psycopg.Connection, schema: str, pace: store.Pace | None, limit: int
+) -> list[store.Claimed]:
+    """A claim of queue 'paced' with the starts taken ahead, in a transaction of its own unless
+    the caller's is open (then in a savepoint of it)."""
+    with conn.transaction():
+        return store.claim_all(
+            conn, schema, queues=["paced"], limit=limit, worker_id=str(uuid.uuid4()),
+            lease_seconds=30, pace=pace,
+        ).rows  # fmt: skip
+
+
 def test_a_claim_of_starts_taken_ahead_holds_no_lock_on_the_pace(
     pg_dsn: str, schema: str, conn: psycopg.Connection
 ) -> None:
@@ -916,25 +928,18 @@ def test_a_claim_of_starts_taken_ahead_holds_no_lock_on_the_pace(
     ):
         pace_a = store.pace_ahead(a, schema, "paced", 10)
         assert pace_a is not None and pace_a.n == 10 and pace_a.wait is None
-        with a.transaction():
-            taken = store.claim_all(
-                a, schema, queues=["paced"], limit=10, worker_id=str(uuid.uuid4()),
-                lease_seconds=30, pace=pace_a,
-            )  # fmt: skip
-            assert len(taken.rows) == 10
-            assert all(r.start_in is not None for r in taken.rows)
+        with a.transaction():  # A's claim stays open
+            taken = _claim_paced(a, schema, pace_a, 10)
+            assert len(taken) == 10
+            assert all(r.start_in is not None for r in taken)
             pace_b = store.pace_ahead(b, schema, "paced", 10)
             assert pace_b is not None
             assert (pace_b.n, pace_b.wait) == (10, None)
             assert pace_b.m is not None and pace_a.end is not None
             assert pace_b.m >= pace_a.end  # after A's starts, never among them
-            with b.transaction():
-                got = store.claim_all(
-                    b, schema, queues=["paced"], limit=10, worker_id=str(uuid.uuid4()),
-                    lease_seconds=30, pace=pace_b,
-                )  # fmt: skip
-            assert len(got.rows) == 10
-            assert not {r.id for r in got.rows} & {r.id for r in taken.rows}
+            got = _claim_paced(b, schema, pace_b, 10)
+            assert len(got) == 10
+            assert not {r.id for r in got} & {r.id for r in taken}
     # Every start 1.05 ms after the one before it, A's ten then B's ten.
     starts = [
         r[0]
@@ -963,24 +968,14 @@ def test_starts_taken_ahead_and_not_used_go_back_unless_others_were_taken_after(
         pace = store.pace_ahead(a, schema, "paced", 30)
         assert pace is not None and pace.n == 30 and pace.m is not None
         assert _pace(conn, schema, "paced") == pace.m + 30 * gap
-        with a.transaction():
-            taken = store.claim_all(
-                a, schema, queues=["paced"], limit=30, worker_id=str(uuid.uuid4()),
-                lease_seconds=30, pace=pace,
-            )  # fmt: skip
-        assert len(taken.rows) == 2
+        assert len(_claim_paced(a, schema, pace, 30)) == 2
         assert _pace(conn, schema, "paced") == pace.m + 2 * gap  # 28 starts given back
 
         conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'paced')")
         first = store.pace_ahead(a, schema, "paced", 30)
         second = store.pace_ahead(b, schema, "paced", 5)  # another worker, right after
         assert first is not None and second is not None and second.end is not None
-        with a.transaction():
-            taken = store.claim_all(
-                a, schema, queues=["paced"], limit=30, worker_id=str(uuid.uuid4()),
-                lease_seconds=30, pace=first,
-            )  # fmt: skip
-        assert len(taken.rows) == 1
+        assert len(_claim_paced(a, schema, first, 30)) == 1
         assert _pace(conn, schema, "paced") == second.end  # not given back: B's came after
 
 
