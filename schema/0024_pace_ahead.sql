@@ -499,6 +499,12 @@ BEGIN
 END;
 $$;
 
+-- An edge is written once by the workflow's enqueue and updated once, when its step settles
+-- (its outcome and result, no indexed column): with room on its page for that one new version
+-- the update stays on the page (heap-only), instead of adding an entry to both of the edges'
+-- indexes for every step of a fan-out.
+ALTER TABLE {schema}.task_deps SET (fillfactor = 50);
+
 -- settle_steps (0023), saying also in which queues it made steps ready: the worker that
 -- acknowledges a step reads those queues in the claim of the same transaction, so the next step
 -- of a chain is claimed in the commit that finished the one before it, without waiting for the

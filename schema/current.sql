@@ -2035,7 +2035,8 @@ CREATE TABLE worker.task_deps (
     outcome text,
     result jsonb,
     CONSTRAINT task_deps_outcome_known CHECK ((outcome = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))
-);
+)
+WITH (fillfactor='50');
 
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
 
