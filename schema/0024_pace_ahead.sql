@@ -505,10 +505,11 @@ $$;
 -- indexes for every step of a fan-out.
 ALTER TABLE {schema}.task_deps SET (fillfactor = 50);
 
--- settle_steps (0023), saying also in which queues it made steps ready: the worker that
+-- settle_steps (0023), saying also in which queues it made steps ready (the worker that
 -- acknowledges a step reads those queues in the claim of the same transaction, so the next step
 -- of a chain is claimed in the commit that finished the one before it, without waiting for the
--- notification that commit sends (which still wakes the other workers). settle_steps stays, for
+-- notification that commit sends, which still wakes the other workers), and taking as settled
+-- the steps whose acknowledgement in this transaction marked them so. settle_steps stays, for
 -- the functions that call it, as the count alone.
 CREATE FUNCTION {schema}.settle_steps_ready(
     ids bigint[], OUT released integer, OUT ready_queues text[]
@@ -529,11 +530,20 @@ BEGIN
     released := 0;
     WHILE cardinality(parents) > 0 LOOP
         -- The outcomes (and results) of the finished steps, onto their edges.
-        WITH p AS (
+        -- A step is marked settled (dependents false) here, or already by the acknowledgement
+        -- that ended it, in this same transaction (complete_with_result): one row version
+        -- fewer per step. An edge settled before is not settled again (outcome IS NULL below).
+        WITH marked AS (
             UPDATE {schema}.tasks AS t SET dependents = false
              WHERE t.id = ANY(parents) AND t.dependents
                AND t.state IN ('done', 'failed', 'cancelled')
             RETURNING t.id, t.state::text AS state, t.result, t.task
+        ), p AS (
+            SELECT * FROM marked
+            UNION ALL
+            SELECT t.id, t.state::text, t.result, t.task FROM {schema}.tasks AS t
+             WHERE t.id = ANY(parents) AND NOT t.dependents
+               AND t.state IN ('done', 'failed', 'cancelled')
         ), e AS (
             UPDATE {schema}.task_deps AS d
                SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END

@@ -1442,11 +1442,20 @@ BEGIN
     released := 0;
     WHILE cardinality(parents) > 0 LOOP
         -- The outcomes (and results) of the finished steps, onto their edges.
-        WITH p AS (
+        -- A step is marked settled (dependents false) here, or already by the acknowledgement
+        -- that ended it, in this same transaction (complete_with_result): one row version
+        -- fewer per step. An edge settled before is not settled again (outcome IS NULL below).
+        WITH marked AS (
             UPDATE "worker".tasks AS t SET dependents = false
              WHERE t.id = ANY(parents) AND t.dependents
                AND t.state IN ('done', 'failed', 'cancelled')
             RETURNING t.id, t.state::text AS state, t.result, t.task
+        ), p AS (
+            SELECT * FROM marked
+            UNION ALL
+            SELECT t.id, t.state::text, t.result, t.task FROM "worker".tasks AS t
+             WHERE t.id = ANY(parents) AND NOT t.dependents
+               AND t.state IN ('done', 'failed', 'cancelled')
         ), e AS (
             UPDATE "worker".task_deps AS d
                SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END

@@ -231,9 +231,9 @@ class Executor:
                 known = self._stores.get(id(d))  # decided once per handler (see __init__)
                 if known is None or known[0] is not d:
                     known = self._stores[id(d)] = (d, self._stores_result(d))
-                # A workflow's step passes its result on; None needs no statement of its own
-                # (a dependent reads a missing result as None).
-                if known[1] or (job.claimed.dependents and value is not None):
+                # A workflow's step others wait for passes its result on (None too): its
+                # acknowledgement (complete_with_result) also marks it settled.
+                if known[1] or job.claimed.dependents:
                     # Encoded here, off the main thread; a value that cannot be stored fails
                     # the task at once (ResultError is a DoNotRetry).
                     outcome.result = encode_result(value, self._max_result_bytes)

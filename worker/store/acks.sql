@@ -2,10 +2,11 @@
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: complete_with_result
--- `complete` (store/claims.sql) for the rows whose handler returned a result to store: the same
--- fencing, word for word, plus the result. Run in the same acknowledging transaction as
--- `complete`, and only when the batch holds such rows, so that tasks which store nothing keep
--- the acknowledgement they had. Results arrive as JSON text, checked by the worker (see
+-- `complete` (store/claims.sql) for the rows whose handler returned a result to store, and for
+-- workflow steps that others wait for (whatever they returned): the same fencing, word for
+-- word, plus the result. Whoever runs it for a step settles the step in the same transaction.
+-- Run in the same acknowledging transaction as `complete`, and only when the batch holds such
+-- rows, so that tasks which store nothing keep the acknowledgement they had. Results arrive as JSON text, checked by the worker (see
 -- tasks.results.encode_result), and are cast here. A row someone asked to cancel ends 'cancelled'
 -- and keeps no result, as in `complete`.
 WITH acked AS (
@@ -13,7 +14,10 @@ WITH acked AS (
        SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
                         ELSE 'cancelled' END,
            finished_at = now(), lease_expires_at = NULL,
-           result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END
+           result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END,
+           -- A workflow step others wait for is settled in this transaction (settle_steps,
+           -- right after): marked so here, in this row version, not in another one.
+           dependents = CASE WHEN t.dependents THEN false ELSE t.dependents END
       FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
            AS a(id, attempt, result)
      WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
