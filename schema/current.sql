@@ -615,7 +615,6 @@ DECLARE
     pt0      timestamptz;
     burst    integer;
     pend     timestamptz;
-    start_slot integer;
 BEGIN
     ids := '{}';
     start_at := '{}';
@@ -627,25 +626,13 @@ BEGIN
     horizon := t0 + make_interval(secs => lookahead);
 
     IF lim.concurrency IS NOT NULL THEN
-        -- Free permits: never held, or held by an attempt that no longer runs under a live
-        -- lease. Nothing gives a permit back: the attempt's end does. The search starts at a
-        -- slot drawn at random and goes round: the permits held by running tasks lie wherever
-        -- claims took them, so it meets few of them before it has found enough, where searching
-        -- from the lowest slot would walk past every one held below the first free ones.
-        start_slot := 1 + floor(random() * lim.concurrency)::integer;
+        -- Free permits, lowest slots first: never held, or held by an attempt that no longer
+        -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
         permits := ARRAY(
             SELECT p.slot FROM "worker".free_permits AS p
-             WHERE p.queue = q AND p.limit_key = ''
-               AND p.slot >= start_slot AND p.slot <= lim.concurrency
+             WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
-        IF cardinality(permits) < room AND start_slot > 1 THEN
-            permits := permits || ARRAY(
-                SELECT p.slot FROM "worker".free_permits AS p
-                 WHERE p.queue = q AND p.limit_key = '' AND p.slot < start_slot
-                 ORDER BY p.slot LIMIT room - cardinality(permits)
-                   FOR UPDATE SKIP LOCKED);
-        END IF;
         -- Checked again, now that they are locked, by a statement whose snapshot is taken after
         -- the locks: a permit that another claim took and committed just before this one locked
         -- it came to the statement above in its new version, but with its new holder's row as
@@ -654,10 +641,9 @@ BEGIN
             permits := ARRAY(
                 SELECT p.slot FROM "worker".free_permits AS p
                  WHERE p.queue = q AND p.limit_key = ''
-                   AND p.slot BETWEEN (SELECT min(u) FROM unnest(permits) AS u)
-                                  AND (SELECT max(u) FROM unnest(permits) AS u)
+                   AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
                    AND array_position(permits, p.slot) IS NOT NULL
-                 ORDER BY array_position(permits, p.slot));
+                 ORDER BY p.slot);
         END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
@@ -840,8 +826,8 @@ BEGIN
         -- The permits used name their rows and the attempt the claim makes; the others were
         -- only locked, and are free to the next claim. No column of an index changes: the
         -- update stays on its page (a heap-only tuple), however often permits turn over.
-        -- The permits taken are the first found: one short range of the primary key (each key
-        -- of `= ANY(used)` would be a descent of its own, several times slower).
+        -- The permits taken are the lowest free ones: one short range of the primary key (each
+        -- key of `= ANY(used)` would be a descent of its own, several times slower).
         used := permits[1:cardinality(ids)];
         UPDATE "worker".limit_permits AS p
            SET task_id = ids[array_position(used, p.slot)],
