@@ -261,11 +261,12 @@ SELECT 'queued', s.task, s.queue, s.n, s.sampled >= %(sample)s
  LIMIT %(limit)s;
 
 -- name: get_task
--- One task, with the errors of its last attempts (`errors`, oldest first; schema/0008).
+-- One task, with the errors of its last attempts (`errors`, oldest first; schema/0008), from
+-- the task table or the history (task_rows, schema/0024).
 SELECT id, queue, task, payload, priority, run_at, state::text AS state, attempts, max_attempts,
        last_error, coalesce(errors, '[]') AS errors, dedupe_key, worker_id, lease_expires_at,
        created_at, started_at, finished_at, cancel_requested_at, cancelled_by
-  FROM {schema}.tasks
+  FROM {schema}.task_rows
  WHERE id = %(id)s;
 
 -- name: metrics_workers_alive

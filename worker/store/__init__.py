@@ -45,7 +45,7 @@ from .claims import (
 )
 from .inserts import copy, cron_slots, delayed_until, insert, insert_async, insert_workflow
 from .operator import BulkStep, Requeued, bulk_step, cancel_tasks, delete_tasks, requeue
-from .recovery import purge, rescue, settle_missed, worker_died
+from .recovery import purge, rescue, rotate_history, settle_missed, worker_died
 
 __all__ = [
     "ERROR_HISTORY",
@@ -87,6 +87,7 @@ __all__ = [
     "release",
     "requeue",
     "rescue",
+    "rotate_history",
     "settle_missed",
     "settle_steps",
     "wake_handed_back",

@@ -183,7 +183,8 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
  LIMIT %(limit)s;
 
 -- name: browse_id
--- One task by id, if it matches the rest of the filter.
+-- One task by id, if it matches the rest of the filter, from the task table or the history
+-- (task_rows, schema/0024).
 SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, 255) AS task, char_length(t.task) AS task_length, t.state::text AS state,
        t.priority, t.attempts, t.max_attempts,
@@ -193,7 +194,7 @@ SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
          AS last_error_length,
        CASE WHEN pg_column_size(t.payload) <= %(stored)s
             THEN left(t.payload::text, %(chars)s) END AS payload, true AS hit, 1::bigint AS n
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  WHERE t.id = %(id)s
    AND (%(state)s::text IS NULL OR t.state::text = %(state)s)
    AND (%(task)s::text IS NULL OR t.task = %(task)s)
@@ -230,7 +231,8 @@ SELECT date_trunc('minute', now()) AS minute;
 -- One task for its page: names and keys cut to %(name_chars)s characters; the last error cut to
 -- %(chars)s characters; the payload, the result and the error history as text cut to %(chars)s
 -- characters (pretty when small) with their sizes as JSON, or, stored larger than %(stored)s
--- bytes, only their stored sizes; the worker that holds or last held it, and its lease.
+-- bytes, only their stored sizes; the worker that holds or last held it, and its lease. From the
+-- task table or the history (task_rows, schema/0024), as every read of one task by id.
 SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_length,
        t.state::text AS state, t.priority, t.attempts, t.max_attempts, t.handed_back,
@@ -268,7 +270,7 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
                  ORDER BY x.n DESC
                  LIMIT 10) AS e)
            AS errors
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  -- Each value as text once (OFFSET 0 keeps it from being computed again for each use), and only
  -- when it is small enough as stored.
  CROSS JOIN LATERAL (
@@ -284,7 +286,7 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
 SELECT CASE %(what)s WHEN 'payload' THEN t.payload IS NOT NULL
                      WHEN 'result' THEN t.result IS NOT NULL
                      ELSE t.errors IS NOT NULL END
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  WHERE t.id = %(id)s;
 
 -- name: console_download
@@ -294,7 +296,7 @@ SELECT g AS n, substring(d.data FROM g * %(chunk)s + 1 FOR %(chunk)s) AS chunk
   FROM (SELECT convert_to(CASE %(what)s WHEN 'payload' THEN t.payload::text
                                         WHEN 'result' THEN t.result::text
                                         ELSE t.errors::text END, 'UTF8') AS data
-          FROM {schema}.tasks AS t
+          FROM {schema}.task_rows AS t
          WHERE t.id = %(id)s
         OFFSET 0) AS d
  CROSS JOIN LATERAL generate_series(0, (octet_length(d.data) - 1) / %(chunk)s) AS g;
