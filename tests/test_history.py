@@ -242,3 +242,23 @@ def test_without_the_move_nothing_reaches_the_history(
     with conn.transaction():
         store.complete(conn, schema, worker_id=WORKER, done=[(a, 1)], move=move)
     assert _where(conn, schema, a) == ((None, "done") if move else ("done", None))
+
+
+def test_the_history_and_task_rows_have_every_column_of_tasks(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A migration that adds a column to tasks must add it to task_history and task_rows too."""
+
+    def columns(table: str) -> list[tuple[str, str]]:
+        return conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute AS a "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+            "ORDER BY a.attnum",
+            (f"{schema}.{table}",),
+        ).fetchall()
+
+    tasks = columns("tasks")
+    assert columns("task_history") == [*tasks, ("slot", "smallint")]
+    assert columns("task_rows") == tasks
+    for s in range(1, 9):
+        assert columns(f"task_history_{s}") == [*tasks, ("slot", "smallint")]
