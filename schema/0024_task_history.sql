@@ -56,16 +56,17 @@ CREATE TABLE {schema}.task_history (
 
 ALTER TABLE {schema}.task_history ADD PRIMARY KEY (id, slot);
 
--- The finished lists and counts read finished rows newest first.
-CREATE INDEX task_history_finished_idx ON {schema}.task_history (finished_at);
+-- The finished lists and counts read finished rows newest first (the console pages by
+-- (finished_at, id)).
+CREATE INDEX task_history_finished_idx ON {schema}.task_history (finished_at, id);
 
 DO $$
 BEGIN
     FOR s IN 1..8 LOOP
-        -- Rows are written once and emptied by TRUNCATE: nothing for autovacuum to do but
-        -- read them.
+        -- Rows are written once and emptied by TRUNCATE: autovacuum only analyzes them (for
+        -- the planner and the gauges' estimates); no vacuum after inserts.
         EXECUTE format('CREATE TABLE %s PARTITION OF %s FOR VALUES IN (%s) '
-                       'WITH (autovacuum_enabled = false)',
+                       'WITH (autovacuum_vacuum_insert_threshold = -1)',
                        '{schema}.' || quote_ident('task_history_' || s), '{schema}.task_history', s);
     END LOOP;
 END;
@@ -207,5 +208,173 @@ BEGIN
       FROM unnest(cancel_tasks.ids) WITH ORDINALITY AS i(id, n)
       LEFT JOIN {schema}.task_rows AS t ON t.id = i.id
      ORDER BY i.n;
+END;
+$$;
+
+-- bulk_sql (schema/0008, 0016) as before, but a walk over done or cancelled rows reads the
+-- history too (task_rows, in (finished_at, id) order), and a delete of them deletes from both.
+CREATE OR REPLACE FUNCTION {schema}.bulk_sql(
+    action  text,
+    states  text[],
+    filter  jsonb   DEFAULT '{}',
+    cursor  jsonb   DEFAULT NULL,
+    dry_run boolean DEFAULT true
+) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    age        interval;
+    finished   boolean;
+    phase      text;
+    keys       text[];
+    walk_where text;
+    hit_where  text := 'true';
+    taken      text := 'false';
+    act        text;
+    listed     text;
+    fence      text;
+    req        text := '';
+    source     text := '{schema}.tasks';
+    more       text := '';
+BEGIN
+    age := {schema}.bulk_check(filter);
+    PERFORM {schema}.bulk_states(action, states);
+    IF cardinality(states) IS DISTINCT FROM 1
+       AND NOT (states <@ ARRAY['done', 'cancelled'] AND cardinality(states) = 2) THEN
+        RAISE EXCEPTION 'bulk: one walk is one state, or done and cancelled (see bulk_walks)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    finished := states[1] IN ('done', 'failed', 'cancelled');
+    phase := {schema}.bulk_phase(states, filter, cursor);
+    listed := (SELECT string_agg(quote_literal(x), ', ') FROM unnest(states) AS x);
+    fence := format('t.state IN (%s)', listed);
+
+    -- The walk's order: its index's columns. A queue in the filter is an equality on the first
+    -- column of the waiting states' indexes, so the keyset starts after it. Rows without a
+    -- finished_at are ordered by (finished_at, id) too, which is their id order, so that the
+    -- finished states' indexes serve them (in id order alone, the planner walks the primary key).
+    keys := CASE WHEN phase = 'ids' THEN ARRAY['id']
+                 WHEN finished THEN ARRAY['finished_at', 'id']
+                 WHEN states[1] = 'queued' THEN ARRAY['queue', '(-priority)', 'run_at', 'id']
+                 ELSE ARRAY['queue', 'run_at', 'id'] END;
+    IF filter ? 'queue' AND phase = 'waiting' THEN
+        keys := keys[2:];
+    END IF;
+
+    IF states <@ ARRAY['done', 'cancelled'] THEN
+        -- The index holds both: the walk reads its entries, the filter keeps the states asked.
+        -- Done rows may have moved to the history (schema/0024): the walk reads both tables,
+        -- merged in the same order (the history's (finished_at, id) index).
+        source := '{schema}.task_rows';
+        walk_where := 't.state IN (''done'', ''cancelled'')';
+        IF cardinality(states) = 1 THEN
+            hit_where := hit_where || format(' AND w.state = %L', states[1]);
+        END IF;
+    ELSE
+        walk_where := fence;
+    END IF;
+    IF filter ? 'queue' AND states <@ ARRAY['done', 'cancelled'] AND phase <> 'ids' THEN
+        -- tasks_done_idx has no queue: checked on the rows read, so a batch still reads at most
+        -- `batch` entries however few of them are in the queue.
+        hit_where := hit_where || ' AND w.queue = $2';
+    ELSIF filter ? 'queue' THEN
+        walk_where := walk_where || ' AND t.queue = $2';
+    END IF;
+    IF phase = 'ids' THEN
+        walk_where := walk_where || ' AND t.id = ANY($6)';
+    ELSIF phase = 'undated' THEN
+        walk_where := walk_where || ' AND t.finished_at IS NULL';
+    ELSIF phase = 'dated' THEN
+        walk_where := walk_where || ' AND t.finished_at <= $11';
+        IF age IS NOT NULL THEN
+            walk_where := walk_where || ' AND t.finished_at < $11 - $5';
+        END IF;
+    END IF;
+    IF cursor ? 'id' AND phase = 'undated' THEN
+        walk_where := walk_where || ' AND t.id > $10';
+    ELSIF cursor ? 'id' THEN
+        walk_where := walk_where || format(' AND (%s) > (%s)',
+            regexp_replace(array_to_string(keys, ', '), '([a-z_]+)', 't.\1', 'g'),
+            (SELECT string_agg(CASE k WHEN 'queue' THEN '$7' WHEN '(-priority)' THEN '$8'
+                                      WHEN 'id' THEN '$10' ELSE '$9' END, ', ')
+               FROM unnest(keys) AS k));
+    END IF;
+
+    IF filter ? 'task' THEN
+        hit_where := hit_where || ' AND w.task = $3';
+    END IF;
+    IF filter ? 'error' THEN
+        hit_where := hit_where || ' AND w.last_error ILIKE $4';
+    END IF;
+    IF age IS NOT NULL AND phase <> 'dated' THEN
+        hit_where := hit_where || CASE WHEN finished THEN ' AND w.finished_at < $11 - $5'
+                                       ELSE ' AND w.created_at < $11 - $5' END;
+    END IF;
+    IF phase = 'waiting' THEN
+        hit_where := hit_where || ' AND w.created_at <= $11';
+    END IF;
+
+    IF action = 'retry' THEN
+        -- The one retry (requeue, above) checks the dedupe keys and, unless this is a dry run,
+        -- moves the rows: the batch's matches go to it as one array.
+        req := format(', req AS (SELECT r.requeued, r.skipped'
+                      '            FROM {schema}.requeue(ARRAY(SELECT id FROM hit), %L) AS r)',
+                      dry_run);
+        taken := 'h.id = ANY((SELECT r.skipped FROM req AS r)::bigint[])';
+    END IF;
+    act := CASE
+        WHEN dry_run THEN 'SELECT NULL::bigint AS id WHERE false'
+        WHEN action = 'retry' THEN 'SELECT unnest(r.requeued) AS id FROM req AS r'
+        WHEN action = 'cancel' THEN format(
+            'UPDATE {schema}.tasks AS t SET state = ''cancelled'', finished_at = now()'
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
+        WHEN source = '{schema}.task_rows' THEN
+            'SELECT id FROM acted_tasks UNION ALL SELECT id FROM acted_history'
+        ELSE format(
+            'DELETE FROM {schema}.tasks AS t'
+            ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            ' RETURNING t.id', fence)
+    END;
+    IF act LIKE '%acted_history%' THEN
+        -- A delete of done or cancelled rows: from the task table and from the history.
+        more := format(
+            ', acted_tasks AS ('
+            '    DELETE FROM {schema}.tasks AS t'
+            '     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            '     RETURNING t.id'
+            '), acted_history AS ('
+            '    DELETE FROM {schema}.task_history AS t'
+            '     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            '     RETURNING t.id'
+            ')', fence, fence);
+    END IF;
+
+    RETURN format(
+        'WITH walk AS ('
+        '    SELECT t.id, t.state, t.queue, t.priority, t.run_at, t.finished_at, t.created_at,'
+        '           t.task, t.last_error, t.dedupe_key'
+        '      FROM %s AS t'
+        '     WHERE %s'
+        '     ORDER BY %s'
+        '     LIMIT $1'
+        '), hit AS ('
+        '    SELECT w.* FROM walk AS w WHERE %s'
+        ')%s, checked AS ('
+        '    SELECT h.id, %s AS taken FROM hit AS h'
+        ')%s, acted AS (%s)'
+        ' SELECT (SELECT count(*) FROM walk)::integer AS examined,'
+        '        (SELECT count(*) FROM hit)::integer AS matched,'
+        '        (SELECT count(*) FROM acted)::integer AS changed,'
+        '        ARRAY(SELECT id FROM checked WHERE taken ORDER BY id) AS skipped,'
+        '        ARRAY(SELECT id FROM hit ORDER BY id LIMIT 5) AS sample,'
+        '        (SELECT jsonb_build_object(''phase'', %L, ''before'', $11, ''queue'', w.queue,'
+        '                                   ''priority'', -w.priority, ''at'', %s, ''id'', w.id)'
+        '           FROM walk AS w ORDER BY %s LIMIT 1) AS next_cursor',
+        source, walk_where,
+        regexp_replace(array_to_string(keys, ', '), '([a-z_]+)', 't.\1', 'g'),
+        hit_where, req, taken, more, act, phase,
+        CASE WHEN finished THEN 'w.finished_at' ELSE 'w.run_at' END,
+        (SELECT string_agg(regexp_replace(k, '([a-z_]+)', 'w.\1') || ' DESC', ', ')
+           FROM unnest(keys) AS k));
 END;
 $$;

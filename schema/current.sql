@@ -216,6 +216,8 @@ DECLARE
     listed     text;
     fence      text;
     req        text := '';
+    source     text := '"worker".tasks';
+    more       text := '';
 BEGIN
     age := "worker".bulk_check(filter);
     PERFORM "worker".bulk_states(action, states);
@@ -243,6 +245,9 @@ BEGIN
 
     IF states <@ ARRAY['done', 'cancelled'] THEN
         -- The index holds both: the walk reads its entries, the filter keeps the states asked.
+        -- Done rows may have moved to the history (schema/0024): the walk reads both tables,
+        -- merged in the same order (the history's (finished_at, id) index).
+        source := '"worker".task_rows';
         walk_where := 't.state IN (''done'', ''cancelled'')';
         IF cardinality(states) = 1 THEN
             hit_where := hit_where || format(' AND w.state = %L', states[1]);
@@ -306,17 +311,32 @@ BEGIN
             'UPDATE "worker".tasks AS t SET state = ''cancelled'', finished_at = now()'
             ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
             ' RETURNING t.id', fence)
+        WHEN source = '"worker".task_rows' THEN
+            'SELECT id FROM acted_tasks UNION ALL SELECT id FROM acted_history'
         ELSE format(
             'DELETE FROM "worker".tasks AS t'
             ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
             ' RETURNING t.id', fence)
     END;
+    IF act LIKE '%acted_history%' THEN
+        -- A delete of done or cancelled rows: from the task table and from the history.
+        more := format(
+            ', acted_tasks AS ('
+            '    DELETE FROM "worker".tasks AS t'
+            '     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            '     RETURNING t.id'
+            '), acted_history AS ('
+            '    DELETE FROM "worker".task_history AS t'
+            '     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            '     RETURNING t.id'
+            ')', fence, fence);
+    END IF;
 
     RETURN format(
         'WITH walk AS ('
         '    SELECT t.id, t.state, t.queue, t.priority, t.run_at, t.finished_at, t.created_at,'
         '           t.task, t.last_error, t.dedupe_key'
-        '      FROM "worker".tasks AS t'
+        '      FROM %s AS t'
         '     WHERE %s'
         '     ORDER BY %s'
         '     LIMIT $1'
@@ -324,7 +344,7 @@ BEGIN
         '    SELECT w.* FROM walk AS w WHERE %s'
         ')%s, checked AS ('
         '    SELECT h.id, %s AS taken FROM hit AS h'
-        '), acted AS (%s)'
+        ')%s, acted AS (%s)'
         ' SELECT (SELECT count(*) FROM walk)::integer AS examined,'
         '        (SELECT count(*) FROM hit)::integer AS matched,'
         '        (SELECT count(*) FROM acted)::integer AS changed,'
@@ -333,9 +353,9 @@ BEGIN
         '        (SELECT jsonb_build_object(''phase'', %L, ''before'', $11, ''queue'', w.queue,'
         '                                   ''priority'', -w.priority, ''at'', %s, ''id'', w.id)'
         '           FROM walk AS w ORDER BY %s LIMIT 1) AS next_cursor',
-        walk_where,
+        source, walk_where,
         regexp_replace(array_to_string(keys, ', '), '([a-z_]+)', 't.\1', 'g'),
-        hit_where, req, taken, act, phase,
+        hit_where, req, taken, more, act, phase,
         CASE WHEN finished THEN 'w.finished_at' ELSE 'w.run_at' END,
         (SELECT string_agg(regexp_replace(k, '([a-z_]+)', 'w.\1') || ' DESC', ', ')
            FROM unnest(keys) AS k));
@@ -2034,7 +2054,7 @@ CREATE TABLE worker.task_history_1 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_2; Type: TABLE; Schema: worker; Owner: -
 
@@ -2071,7 +2091,7 @@ CREATE TABLE worker.task_history_2 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_3; Type: TABLE; Schema: worker; Owner: -
 
@@ -2108,7 +2128,7 @@ CREATE TABLE worker.task_history_3 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_4; Type: TABLE; Schema: worker; Owner: -
 
@@ -2145,7 +2165,7 @@ CREATE TABLE worker.task_history_4 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_5; Type: TABLE; Schema: worker; Owner: -
 
@@ -2182,7 +2202,7 @@ CREATE TABLE worker.task_history_5 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_6; Type: TABLE; Schema: worker; Owner: -
 
@@ -2219,7 +2239,7 @@ CREATE TABLE worker.task_history_6 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_7; Type: TABLE; Schema: worker; Owner: -
 
@@ -2256,7 +2276,7 @@ CREATE TABLE worker.task_history_7 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_history_8; Type: TABLE; Schema: worker; Owner: -
 
@@ -2293,7 +2313,7 @@ CREATE TABLE worker.task_history_8 (
     inputs jsonb,
     slot smallint NOT NULL
 )
-WITH (autovacuum_enabled='false');
+WITH (autovacuum_vacuum_insert_threshold='-1');
 
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
 
@@ -2619,39 +2639,39 @@ CREATE INDEX task_deps_depends_on_idx ON worker.task_deps USING btree (depends_o
 
 -- Name: task_history_finished_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_finished_idx ON ONLY worker.task_history USING btree (finished_at);
+CREATE INDEX task_history_finished_idx ON ONLY worker.task_history USING btree (finished_at, id);
 
--- Name: task_history_1_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_1_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_1_finished_at_idx ON worker.task_history_1 USING btree (finished_at);
+CREATE INDEX task_history_1_finished_at_id_idx ON worker.task_history_1 USING btree (finished_at, id);
 
--- Name: task_history_2_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_2_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_2_finished_at_idx ON worker.task_history_2 USING btree (finished_at);
+CREATE INDEX task_history_2_finished_at_id_idx ON worker.task_history_2 USING btree (finished_at, id);
 
--- Name: task_history_3_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_3_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_3_finished_at_idx ON worker.task_history_3 USING btree (finished_at);
+CREATE INDEX task_history_3_finished_at_id_idx ON worker.task_history_3 USING btree (finished_at, id);
 
--- Name: task_history_4_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_4_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_4_finished_at_idx ON worker.task_history_4 USING btree (finished_at);
+CREATE INDEX task_history_4_finished_at_id_idx ON worker.task_history_4 USING btree (finished_at, id);
 
--- Name: task_history_5_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_5_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_5_finished_at_idx ON worker.task_history_5 USING btree (finished_at);
+CREATE INDEX task_history_5_finished_at_id_idx ON worker.task_history_5 USING btree (finished_at, id);
 
--- Name: task_history_6_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_6_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_6_finished_at_idx ON worker.task_history_6 USING btree (finished_at);
+CREATE INDEX task_history_6_finished_at_id_idx ON worker.task_history_6 USING btree (finished_at, id);
 
--- Name: task_history_7_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_7_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_7_finished_at_idx ON worker.task_history_7 USING btree (finished_at);
+CREATE INDEX task_history_7_finished_at_id_idx ON worker.task_history_7 USING btree (finished_at, id);
 
--- Name: task_history_8_finished_at_idx; Type: INDEX; Schema: worker; Owner: -
+-- Name: task_history_8_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
 
-CREATE INDEX task_history_8_finished_at_idx ON worker.task_history_8 USING btree (finished_at);
+CREATE INDEX task_history_8_finished_at_id_idx ON worker.task_history_8 USING btree (finished_at, id);
 
 -- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
 
@@ -2713,65 +2733,65 @@ CREATE INDEX tasks_waiting_free_idx ON worker.tasks USING btree (id) WHERE ((sta
 
 CREATE INDEX tasks_workflow_idx ON worker.tasks USING btree (workflow_id, id) WHERE (workflow_id IS NOT NULL);
 
--- Name: task_history_1_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_1_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_1_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_1_finished_at_id_idx;
 
 -- Name: task_history_1_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_1_pkey;
 
--- Name: task_history_2_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_2_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_2_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_2_finished_at_id_idx;
 
 -- Name: task_history_2_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_2_pkey;
 
--- Name: task_history_3_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_3_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_3_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_3_finished_at_id_idx;
 
 -- Name: task_history_3_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_3_pkey;
 
--- Name: task_history_4_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_4_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_4_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_4_finished_at_id_idx;
 
 -- Name: task_history_4_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_4_pkey;
 
--- Name: task_history_5_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_5_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_5_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_5_finished_at_id_idx;
 
 -- Name: task_history_5_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_5_pkey;
 
--- Name: task_history_6_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_6_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_6_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_6_finished_at_id_idx;
 
 -- Name: task_history_6_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_6_pkey;
 
--- Name: task_history_7_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_7_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_7_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_7_finished_at_id_idx;
 
 -- Name: task_history_7_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 
 ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_7_pkey;
 
--- Name: task_history_8_finished_at_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+-- Name: task_history_8_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
 
-ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_8_finished_at_idx;
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_8_finished_at_id_idx;
 
 -- Name: task_history_8_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
 

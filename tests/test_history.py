@@ -11,10 +11,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import every_statement
 
 import worker
 from worker import store
-from worker.ops import status
+from worker.coord import pause
+from worker.engine import rollup
+from worker.monitor.console.data import browse_statement
+from worker.monitor.console.filter import Filter
+from worker.ops import bulk, status
 
 WORKER = str(uuid.uuid4())
 
@@ -262,3 +267,67 @@ def test_the_history_and_task_rows_have_every_column_of_tasks(
     assert columns("task_rows") == tasks
     for s in range(1, 9):
         assert columns(f"task_history_{s}") == [*tasks, ("slot", "smallint")]
+
+
+def test_the_lists_and_counts_of_finished_rows_read_the_history_too(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The console's lists and throughput, status's counts, the minute rollup, the gauges'
+    estimates and the check of a queue's name count a moved row as they count one done in
+    place."""
+    moved, other, kept = _running(conn, schema, 3)
+    conn.execute(f"UPDATE {schema}.tasks SET queue = 'hq'")
+    with conn.transaction():
+        store.complete(conn, schema, worker_id=WORKER, done=[(moved, 1), (other, 1)], move=True)
+        store.complete(conn, schema, worker_id=WORKER, done=[(kept, 1)])
+    assert _where(conn, schema, moved) == (None, "done")
+    q = every_statement(schema)
+
+    counts, exact = status.finished_counts(conn, schema, cap=1000)
+    assert counts == {("hq", "done"): 3} and exact
+
+    for f in (Filter(state="done"), Filter(state="done", queue="hq"), Filter()):
+        name, params = browse_statement(f, None, limit=50, scan=1000)
+        rows = conn.execute(q[name], params).fetchall()
+        assert {r[0] for r in rows if r[-2]} == {moved, other, kept}, (f, rows)
+
+    minute = conn.execute("SELECT date_trunc('minute', now())").fetchone()[0]
+    done, failed = conn.execute(
+        q["throughput_minutes"], {"minutes": [minute], "cap": 1000}
+    ).fetchone()[1:]
+    assert (done, failed) == (3, 0)
+
+    assert rollup.record_minute(conn, q, minute=minute) == minute
+    waited = conn.execute(
+        f"SELECT waited FROM {schema}.queue_minutes WHERE minute = %s AND queue = 'hq'", (minute,)
+    ).fetchone()
+    assert waited == (3,)
+
+    conn.execute(f"DELETE FROM {schema}.tasks WHERE id = %s", (kept,))
+    assert pause.never_named(conn, schema, "hq") is None  # named by its moved done rows
+
+    conn.execute(f"ANALYZE {schema}.tasks")
+    conn.execute(f"ANALYZE {schema}.task_history")
+    estimates = dict(conn.execute(q["metrics_state_estimates"], {"schema": schema}).fetchall())
+    assert estimates.get("done") == 2.0  # the moved rows: the task table holds no done row now
+
+
+def test_a_bulk_delete_of_done_tasks_deletes_moved_ones_too(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    moved, other, kept, elsewhere = _running(conn, schema, 4)
+    conn.execute(f"UPDATE {schema}.tasks SET queue = 'hq' WHERE id <> %s", (elsewhere,))
+    with conn.transaction():
+        store.complete(
+            conn, schema, worker_id=WORKER, done=[(moved, 1), (other, 1), (elsewhere, 1)], move=True
+        )
+        store.complete(conn, schema, worker_id=WORKER, done=[(kept, 1)])
+    assert _where(conn, schema, kept) == ("done", None)
+    flt = bulk.Filter(queue="hq", states=("done",))
+    seen = bulk.preview(conn, schema, "delete", flt, batch=2)
+    assert seen.matched == 3 and {e["id"] for e in seen.examples} == {moved, other, kept}
+    done = bulk.apply(conn, schema, "delete", flt, actor="me", batch=2)
+    assert (done.matched, done.changed) == (3, 3)
+    for i in (moved, other, kept):
+        assert _where(conn, schema, i) == (None, None)
+    assert _where(conn, schema, elsewhere) == (None, "done")

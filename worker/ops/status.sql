@@ -165,11 +165,11 @@ SELECT (SELECT count(*)
 
 -- name: finished_counts
 -- Done and cancelled rows per queue among the newest %(cap)s of them, read backwards from
--- tasks_done_idx: exact when the table holds fewer than %(cap)s such rows (the caller checks),
+-- tasks_done_idx and the history's slots (schema/0024), merged: exact when the table holds fewer than %(cap)s such rows (the caller checks),
 -- otherwise the caller shows the estimates instead (done rows are kept for an hour, so a busy
 -- installation holds millions).
 SELECT r.queue, r.state::text AS state, count(*) AS n
-  FROM (SELECT t.queue, t.state FROM {schema}.tasks AS t
+  FROM (SELECT t.queue, t.state FROM {schema}.task_rows AS t
          WHERE t.state IN ('done', 'cancelled')
          ORDER BY t.finished_at DESC
          LIMIT %(cap)s) AS r

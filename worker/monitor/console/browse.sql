@@ -5,6 +5,7 @@
 -- left() of a text column reads only the start of it; octet_length() only its header.
 
 -- name: browse_any
+-- Every task, newest id first, in the task table and the history (task_rows, schema/0024).
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
@@ -21,7 +22,7 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
            AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
                 OR s.last_error ILIKE %(pattern)s) AS hit,
            row_number() OVER () AS n
-      FROM (SELECT t.* FROM {schema}.tasks AS t
+      FROM (SELECT t.* FROM {schema}.task_rows AS t
              WHERE t.id < %(after_id)s
              ORDER BY t.id DESC
              LIMIT %(scan)s) AS s
@@ -111,7 +112,8 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
  LIMIT %(limit)s;
 
 -- name: browse_finished
--- Done or cancelled (%(state)s), newest finished first, from tasks_done_idx (which holds both).
+-- Done or cancelled (%(state)s), newest finished first, from tasks_done_idx (which holds both)
+-- and the history's slots (task_history_finished_idx, schema/0024), merged.
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
@@ -135,7 +137,7 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
               ORDER BY t.id + 0 DESC
               LIMIT %(scan)s)
             UNION ALL
-            (SELECT t.* FROM {schema}.tasks AS t
+            (SELECT t.* FROM {schema}.task_rows AS t
               WHERE t.state IN ('done', 'cancelled')
                 AND (t.finished_at, t.id)
                     < (%(after_at)s::timestamptz, %(after_finished_id)s::bigint)
@@ -204,12 +206,12 @@ SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
 
 -- name: throughput_minutes
 -- Tasks finished per minute, for each minute starting at one of %(minutes)s: done ones from
--- tasks_done_idx, failed ones (failed for good: retries are not counted) from tasks_failed_idx,
+-- tasks_done_idx and the history's slots (schema/0024), failed ones (failed for good: retries are not counted) from tasks_failed_idx,
 -- each counted up to %(cap)s. Counted from the rows retention keeps: a minute older than
 -- --keep-done (or --keep-failed) has lost its rows, and with --keep-done 0 there are none.
 SELECT m.minute,
        (SELECT count(*)
-          FROM (SELECT 1 FROM {schema}.tasks AS t
+          FROM (SELECT 1 FROM {schema}.task_rows AS t
                  WHERE t.state IN ('done', 'cancelled')
                    AND t.finished_at >= m.minute AND t.finished_at < m.minute + interval '1 minute'
                    AND t.state = 'done'
