@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import every_statement
+from conftest import every_statement, wait_until
 
 import worker
 from worker import store
@@ -331,3 +331,25 @@ def test_a_bulk_delete_of_done_tasks_deletes_moved_ones_too(
     for i in (moved, other, kept):
         assert _where(conn, schema, i) == (None, None)
     assert _where(conn, schema, elsewhere) == (None, "done")
+
+
+def test_a_worker_with_keep_history_moves_what_it_completes(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, thread_worker: Any
+) -> None:
+    """The whole path: a worker with keep_history acknowledges into the history (with results,
+    and a transactional handler's row in its own transaction), waiters read them, and no plain
+    task stays in the task table."""
+    reg = worker.Registry()
+    reg.task("h_plain")(lambda p: None)
+    reg.task("h_result", store_result=True)(lambda p: {"twice": p["n"] * 2})
+    reg.task("h_in_tx", transactional=True)(lambda p, ctx: ctx.conn.execute("SELECT 1"))
+    plain = [worker.enqueue(conn, "h_plain", {"i": i}, schema=schema) for i in range(19)]
+    plain.append(worker.enqueue(conn, "h_in_tx", {}, schema=schema))
+    with_result = worker.enqueue(conn, "h_result", {"n": 21}, schema=schema)
+    with thread_worker(reg, keep_history=True):
+        assert worker.wait(pg_dsn, with_result, timeout=30, schema=schema) == {"twice": 42}
+        wait_until(
+            lambda: conn.execute(f"SELECT count(*) FROM {schema}.task_history").fetchone()[0] == 21
+        )
+    assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone()[0] == 0
+    assert {_where(conn, schema, i) for i in [*plain, with_result]} == {(None, "done")}

@@ -102,6 +102,7 @@ def assemble(w: Worker) -> Parts:
         context=w.context,
         stores_result=w.stores_result,
         max_result_bytes=cfg.max_result_bytes,
+        move=cfg.keep_history and cfg.keep_done_seconds > 0,
     )
     executor = Executor(
         cfg.concurrency,
