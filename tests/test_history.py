@@ -353,3 +353,21 @@ def test_a_worker_with_keep_history_moves_what_it_completes(
         )
     assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone()[0] == 0
     assert {_where(conn, schema, i) for i in [*plain, with_result]} == {(None, "done")}
+
+
+def test_a_heartbeat_racing_the_move_does_not_call_the_row_lost(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The lease keeper may still list a job whose acknowledgement just committed: a row it
+    finds done by this worker, in the task table or moved, is not lost; one rescued is."""
+    moved, rescued = _running(conn, schema, 2)
+    with conn.transaction():
+        store.complete(conn, schema, worker_id=WORKER, done=[(moved, 1)], move=True)
+    conn.execute(
+        f"UPDATE {schema}.tasks SET state = 'queued', lease_expires_at = NULL WHERE id = %s",
+        (rescued,),
+    )
+    beat = store.heartbeat(
+        conn, schema, worker_id=WORKER, tasks=[(moved, 1), (rescued, 1)], lease_seconds=30
+    )
+    assert beat.lost == {(rescued, 1)}

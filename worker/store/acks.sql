@@ -285,7 +285,8 @@ WITH me AS (
 )
 SELECT a.id, a.attempt, false AS cancel
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-  LEFT JOIN {schema}.tasks AS t ON t.id = a.id
+  -- A row this worker just completed may have moved to the history (schema/0024): done by us.
+  LEFT JOIN {schema}.task_rows AS t ON t.id = a.id
  WHERE a.id NOT IN (SELECT id FROM renewed)
    AND NOT coalesce(t.worker_id = %(worker_id)s AND t.attempts = a.attempt
                     AND (t.lease_expires_at IS NOT NULL OR t.state = 'done'), false)
