@@ -216,6 +216,8 @@ DECLARE
     listed     text;
     fence      text;
     req        text := '';
+    source     text := '"worker".tasks';
+    more       text := '';
 BEGIN
     age := "worker".bulk_check(filter);
     PERFORM "worker".bulk_states(action, states);
@@ -243,6 +245,9 @@ BEGIN
 
     IF states <@ ARRAY['done', 'cancelled'] THEN
         -- The index holds both: the walk reads its entries, the filter keeps the states asked.
+        -- Done rows may have moved to the history (schema/0025): the walk reads both tables,
+        -- merged in the same order (the history's (finished_at, id) index).
+        source := '"worker".task_rows';
         walk_where := 't.state IN (''done'', ''cancelled'')';
         IF cardinality(states) = 1 THEN
             hit_where := hit_where || format(' AND w.state = %L', states[1]);
@@ -306,17 +311,32 @@ BEGIN
             'UPDATE "worker".tasks AS t SET state = ''cancelled'', finished_at = now()'
             ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
             ' RETURNING t.id', fence)
+        WHEN source = '"worker".task_rows' THEN
+            'SELECT id FROM acted_tasks UNION ALL SELECT id FROM acted_history'
         ELSE format(
             'DELETE FROM "worker".tasks AS t'
             ' WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
             ' RETURNING t.id', fence)
     END;
+    IF act LIKE '%acted_history%' THEN
+        -- A delete of done or cancelled rows: from the task table and from the history.
+        more := format(
+            ', acted_tasks AS ('
+            '    DELETE FROM "worker".tasks AS t'
+            '     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            '     RETURNING t.id'
+            '), acted_history AS ('
+            '    DELETE FROM "worker".task_history AS t'
+            '     WHERE t.id = ANY(ARRAY(SELECT id FROM checked WHERE NOT taken)) AND %s'
+            '     RETURNING t.id'
+            ')', fence, fence);
+    END IF;
 
     RETURN format(
         'WITH walk AS ('
         '    SELECT t.id, t.state, t.queue, t.priority, t.run_at, t.finished_at, t.created_at,'
         '           t.task, t.last_error, t.dedupe_key'
-        '      FROM "worker".tasks AS t'
+        '      FROM %s AS t'
         '     WHERE %s'
         '     ORDER BY %s'
         '     LIMIT $1'
@@ -324,7 +344,7 @@ BEGIN
         '    SELECT w.* FROM walk AS w WHERE %s'
         ')%s, checked AS ('
         '    SELECT h.id, %s AS taken FROM hit AS h'
-        '), acted AS (%s)'
+        ')%s, acted AS (%s)'
         ' SELECT (SELECT count(*) FROM walk)::integer AS examined,'
         '        (SELECT count(*) FROM hit)::integer AS matched,'
         '        (SELECT count(*) FROM acted)::integer AS changed,'
@@ -333,9 +353,9 @@ BEGIN
         '        (SELECT jsonb_build_object(''phase'', %L, ''before'', $11, ''queue'', w.queue,'
         '                                   ''priority'', -w.priority, ''at'', %s, ''id'', w.id)'
         '           FROM walk AS w ORDER BY %s LIMIT 1) AS next_cursor',
-        walk_where,
+        source, walk_where,
         regexp_replace(array_to_string(keys, ', '), '([a-z_]+)', 't.\1', 'g'),
-        hit_where, req, taken, act, phase,
+        hit_where, req, taken, more, act, phase,
         CASE WHEN finished THEN 'w.finished_at' ELSE 'w.run_at' END,
         (SELECT string_agg(regexp_replace(k, '([a-z_]+)', 'w.\1') || ' DESC', ', ')
            FROM unnest(keys) AS k));
@@ -517,7 +537,7 @@ BEGIN
                 ELSE 'finished' END,
            t.state::text
       FROM unnest(cancel_tasks.ids) WITH ORDINALITY AS i(id, n)
-      LEFT JOIN "worker".tasks AS t ON t.id = i.id
+      LEFT JOIN "worker".task_rows AS t ON t.id = i.id
      ORDER BY i.n;
 END;
 $$;
@@ -1267,6 +1287,60 @@ BEGIN
 END;
 $$;
 
+-- Name: rotate_history(double precision, double precision); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.rotate_history(keep_seconds double precision, slice_seconds double precision DEFAULT NULL::double precision) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cur     "worker".history_slots;
+    nxt     smallint;
+    slice   interval := make_interval(secs => coalesce(slice_seconds, keep_seconds / 6));
+    emptied integer := 0;
+    s       smallint;
+    held    boolean;
+BEGIN
+    SELECT * INTO cur FROM "worker".history_slots WHERE state = 'current' FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;  -- another worker rotates right now
+    END IF;
+    -- A slot is emptied only when no transaction holds it: wait 50 ms at most, then leave it to
+    -- the next pass (readers by id lock every slot, and must not queue behind the TRUNCATE).
+    PERFORM set_config('lock_timeout', '50ms', true);
+    FOR s IN SELECT h.slot FROM "worker".history_slots AS h
+              WHERE h.state = 'closed'
+                AND h.closed_at < now() - make_interval(secs => keep_seconds)
+              ORDER BY h.closed_at
+    LOOP
+        BEGIN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)',
+                           '"worker".' || quote_ident('task_history_' || s)) INTO held;
+            IF held THEN
+                EXECUTE format('TRUNCATE %s', '"worker".' || quote_ident('task_history_' || s));
+            END IF;
+            UPDATE "worker".history_slots AS h SET state = 'empty', closed_at = NULL
+             WHERE h.slot = s;
+            emptied := emptied + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- held by a reader or a late writer: the next pass
+        END;
+    END LOOP;
+    IF now() - cur.opened_at >= slice THEN
+        nxt := cur.slot % 8 + 1;
+        IF (SELECT h.state FROM "worker".history_slots AS h WHERE h.slot = nxt) = 'empty' THEN
+            -- closed_at is read from the clock at the switch, after every row this slot got
+            -- from a statement that read it as current before now (their finished_at is earlier).
+            UPDATE "worker".history_slots AS h SET state = 'closed', opened_at = NULL,
+                   closed_at = clock_timestamp()
+             WHERE h.slot = cur.slot;
+            UPDATE "worker".history_slots AS h SET state = 'current', opened_at = now()
+             WHERE h.slot = nxt;
+        END IF;
+    END IF;
+    RETURN emptied;
+END;
+$$;
+
 -- Name: set_queue_limit(text, bigint, bigint, bigint, double precision, bigint, double precision, text, text, bigint, bigint); Type: FUNCTION; Schema: worker; Owner: -
 
 CREATE FUNCTION worker.set_queue_limit(queue text, concurrency bigint DEFAULT NULL::bigint, key_concurrency bigint DEFAULT NULL::bigint, rate bigint DEFAULT NULL::bigint, rate_seconds double precision DEFAULT NULL::double precision, key_rate bigint DEFAULT NULL::bigint, key_rate_seconds double precision DEFAULT NULL::double precision, source text DEFAULT 'operator'::text, updated_by text DEFAULT CURRENT_USER, burst bigint DEFAULT NULL::bigint, key_burst bigint DEFAULT NULL::bigint) RETURNS boolean
@@ -1932,6 +2006,18 @@ CREATE VIEW worker.free_permits AS
            FROM worker.tasks t
           WHERE (t.id = p.task_id)), false)));
 
+-- Name: history_slots; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.history_slots (
+    slot smallint NOT NULL,
+    state text DEFAULT 'empty'::text NOT NULL,
+    opened_at timestamp with time zone,
+    closed_at timestamp with time zone,
+    CONSTRAINT history_slots_slot CHECK (((slot >= 1) AND (slot <= 8))),
+    CONSTRAINT history_slots_state CHECK ((state = ANY (ARRAY['current'::text, 'closed'::text, 'empty'::text]))),
+    CONSTRAINT history_slots_times CHECK ((((state = 'current'::text) = (opened_at IS NOT NULL)) AND ((state = 'closed'::text) = (closed_at IS NOT NULL))))
+);
+
 -- Name: limit_rates; Type: TABLE; Schema: worker; Owner: -
 
 CREATE TABLE worker.limit_rates (
@@ -2033,6 +2119,339 @@ CREATE TABLE worker.task_deps (
 )
 WITH (fillfactor='50');
 
+-- Name: task_history; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+PARTITION BY LIST (slot);
+
+-- Name: task_history_1; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_1 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_2; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_2 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_3; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_3 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_4; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_4 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_5; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_5 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_6; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_6 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_7; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_7 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
+-- Name: task_history_8; Type: TABLE; Schema: worker; Owner: -
+
+CREATE TABLE worker.task_history_8 (
+    id bigint NOT NULL,
+    queue text NOT NULL,
+    task text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    state worker.task_state DEFAULT 'queued'::worker.task_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    last_error text,
+    dedupe_key text,
+    cron_key text,
+    cron_at timestamp with time zone,
+    worker_id uuid,
+    lease_expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    handed_back integer DEFAULT 0 NOT NULL,
+    errors jsonb,
+    cancel_requested_at timestamp with time zone,
+    cancelled_by text,
+    result jsonb,
+    trace_context jsonb,
+    limit_key text,
+    limit_held boolean,
+    workflow_id bigint,
+    pending_deps integer,
+    dependents boolean,
+    inputs jsonb,
+    slot smallint NOT NULL
+)
+WITH (autovacuum_vacuum_insert_threshold='-1');
+
 -- Name: task_routes; Type: TABLE; Schema: worker; Owner: -
 
 CREATE TABLE worker.task_routes (
@@ -2042,6 +2461,73 @@ CREATE TABLE worker.task_routes (
     CONSTRAINT task_routes_queue_length CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 255))),
     CONSTRAINT task_routes_task_length CHECK (((char_length(task) >= 1) AND (char_length(task) <= 255)))
 );
+
+-- Name: task_rows; Type: VIEW; Schema: worker; Owner: -
+
+CREATE VIEW worker.task_rows AS
+ SELECT tasks.id,
+    tasks.queue,
+    tasks.task,
+    tasks.payload,
+    tasks.priority,
+    tasks.run_at,
+    tasks.state,
+    tasks.attempts,
+    tasks.max_attempts,
+    tasks.last_error,
+    tasks.dedupe_key,
+    tasks.cron_key,
+    tasks.cron_at,
+    tasks.worker_id,
+    tasks.lease_expires_at,
+    tasks.created_at,
+    tasks.started_at,
+    tasks.finished_at,
+    tasks.handed_back,
+    tasks.errors,
+    tasks.cancel_requested_at,
+    tasks.cancelled_by,
+    tasks.result,
+    tasks.trace_context,
+    tasks.limit_key,
+    tasks.limit_held,
+    tasks.workflow_id,
+    tasks.pending_deps,
+    tasks.dependents,
+    tasks.inputs
+   FROM worker.tasks
+UNION ALL
+ SELECT task_history.id,
+    task_history.queue,
+    task_history.task,
+    task_history.payload,
+    task_history.priority,
+    task_history.run_at,
+    task_history.state,
+    task_history.attempts,
+    task_history.max_attempts,
+    task_history.last_error,
+    task_history.dedupe_key,
+    task_history.cron_key,
+    task_history.cron_at,
+    task_history.worker_id,
+    task_history.lease_expires_at,
+    task_history.created_at,
+    task_history.started_at,
+    task_history.finished_at,
+    task_history.handed_back,
+    task_history.errors,
+    task_history.cancel_requested_at,
+    task_history.cancelled_by,
+    task_history.result,
+    task_history.trace_context,
+    task_history.limit_key,
+    task_history.limit_held,
+    task_history.workflow_id,
+    task_history.pending_deps,
+    task_history.dependents,
+    task_history.inputs
+   FROM worker.task_history;
 
 -- Name: tasks_id_seq; Type: SEQUENCE; Schema: worker; Owner: -
 
@@ -2089,6 +2575,38 @@ ALTER TABLE worker.workflows ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTIT
     CACHE 1
 );
 
+-- Name: task_history_1; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_1 FOR VALUES IN ('1');
+
+-- Name: task_history_2; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_2 FOR VALUES IN ('2');
+
+-- Name: task_history_3; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_3 FOR VALUES IN ('3');
+
+-- Name: task_history_4; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_4 FOR VALUES IN ('4');
+
+-- Name: task_history_5; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_5 FOR VALUES IN ('5');
+
+-- Name: task_history_6; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_6 FOR VALUES IN ('6');
+
+-- Name: task_history_7; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_7 FOR VALUES IN ('7');
+
+-- Name: task_history_8; Type: TABLE ATTACH; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history ATTACH PARTITION worker.task_history_8 FOR VALUES IN ('8');
+
 -- Name: actions actions_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
 ALTER TABLE ONLY worker.actions
@@ -2098,6 +2616,11 @@ ALTER TABLE ONLY worker.actions
 
 ALTER TABLE ONLY worker.cron_schedules
     ADD CONSTRAINT cron_schedules_pkey PRIMARY KEY (key);
+
+-- Name: history_slots history_slots_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.history_slots
+    ADD CONSTRAINT history_slots_pkey PRIMARY KEY (slot);
 
 -- Name: limit_permits limit_permits_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
@@ -2143,6 +2666,51 @@ ALTER TABLE ONLY worker.stats_minutes
 
 ALTER TABLE ONLY worker.task_deps
     ADD CONSTRAINT task_deps_pkey PRIMARY KEY (task_id, depends_on);
+
+-- Name: task_history task_history_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history
+    ADD CONSTRAINT task_history_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_1 task_history_1_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_1
+    ADD CONSTRAINT task_history_1_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_2 task_history_2_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_2
+    ADD CONSTRAINT task_history_2_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_3 task_history_3_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_3
+    ADD CONSTRAINT task_history_3_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_4 task_history_4_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_4
+    ADD CONSTRAINT task_history_4_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_5 task_history_5_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_5
+    ADD CONSTRAINT task_history_5_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_6 task_history_6_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_6
+    ADD CONSTRAINT task_history_6_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_7 task_history_7_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_7
+    ADD CONSTRAINT task_history_7_pkey PRIMARY KEY (id, slot);
+
+-- Name: task_history_8 task_history_8_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
+
+ALTER TABLE ONLY worker.task_history_8
+    ADD CONSTRAINT task_history_8_pkey PRIMARY KEY (id, slot);
 
 -- Name: task_routes task_routes_pkey; Type: CONSTRAINT; Schema: worker; Owner: -
 
@@ -2198,9 +2766,49 @@ ALTER TABLE ONLY worker.workflows
 
 CREATE INDEX actions_at_idx ON worker.actions USING btree (at);
 
+-- Name: history_slots_current_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE UNIQUE INDEX history_slots_current_idx ON worker.history_slots USING btree ((true)) WHERE (state = 'current'::text);
+
 -- Name: task_deps_depends_on_idx; Type: INDEX; Schema: worker; Owner: -
 
 CREATE INDEX task_deps_depends_on_idx ON worker.task_deps USING btree (depends_on);
+
+-- Name: task_history_finished_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_finished_idx ON ONLY worker.task_history USING btree (finished_at, id);
+
+-- Name: task_history_1_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_1_finished_at_id_idx ON worker.task_history_1 USING btree (finished_at, id);
+
+-- Name: task_history_2_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_2_finished_at_id_idx ON worker.task_history_2 USING btree (finished_at, id);
+
+-- Name: task_history_3_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_3_finished_at_id_idx ON worker.task_history_3 USING btree (finished_at, id);
+
+-- Name: task_history_4_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_4_finished_at_id_idx ON worker.task_history_4 USING btree (finished_at, id);
+
+-- Name: task_history_5_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_5_finished_at_id_idx ON worker.task_history_5 USING btree (finished_at, id);
+
+-- Name: task_history_6_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_6_finished_at_id_idx ON worker.task_history_6 USING btree (finished_at, id);
+
+-- Name: task_history_7_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_7_finished_at_id_idx ON worker.task_history_7 USING btree (finished_at, id);
+
+-- Name: task_history_8_finished_at_id_idx; Type: INDEX; Schema: worker; Owner: -
+
+CREATE INDEX task_history_8_finished_at_id_idx ON worker.task_history_8 USING btree (finished_at, id);
 
 -- Name: tasks_claim_idx; Type: INDEX; Schema: worker; Owner: -
 
@@ -2261,6 +2869,70 @@ CREATE INDEX tasks_waiting_free_idx ON worker.tasks USING btree (id) WHERE ((sta
 -- Name: tasks_workflow_idx; Type: INDEX; Schema: worker; Owner: -
 
 CREATE INDEX tasks_workflow_idx ON worker.tasks USING btree (workflow_id, id) WHERE (workflow_id IS NOT NULL);
+
+-- Name: task_history_1_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_1_finished_at_id_idx;
+
+-- Name: task_history_1_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_1_pkey;
+
+-- Name: task_history_2_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_2_finished_at_id_idx;
+
+-- Name: task_history_2_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_2_pkey;
+
+-- Name: task_history_3_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_3_finished_at_id_idx;
+
+-- Name: task_history_3_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_3_pkey;
+
+-- Name: task_history_4_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_4_finished_at_id_idx;
+
+-- Name: task_history_4_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_4_pkey;
+
+-- Name: task_history_5_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_5_finished_at_id_idx;
+
+-- Name: task_history_5_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_5_pkey;
+
+-- Name: task_history_6_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_6_finished_at_id_idx;
+
+-- Name: task_history_6_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_6_pkey;
+
+-- Name: task_history_7_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_7_finished_at_id_idx;
+
+-- Name: task_history_7_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_7_pkey;
+
+-- Name: task_history_8_finished_at_id_idx; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_finished_idx ATTACH PARTITION worker.task_history_8_finished_at_id_idx;
+
+-- Name: task_history_8_pkey; Type: INDEX ATTACH; Schema: worker; Owner: -
+
+ALTER INDEX worker.task_history_pkey ATTACH PARTITION worker.task_history_8_pkey;
 
 -- Name: tasks_queue_state; Type: STATISTICS; Schema: worker; Owner: -
 

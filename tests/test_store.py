@@ -56,7 +56,7 @@ EXEMPT = {
 
 _WRITE = re.compile(
     r"\b(?:UPDATE|DELETE\s+FROM|INSERT\s+INTO|COPY|MERGE\s+INTO|TRUNCATE)\s+"
-    r"(?:ONLY\s+)?[\w\"{}.]*\btasks\b(?!_)",
+    r"(?:ONLY\s+)?[\w\"{}.]*\b(?:tasks\b(?!_)|task_history\b)",
     re.IGNORECASE,
 )
 _FUNCTION = re.compile(

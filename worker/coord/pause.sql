@@ -77,7 +77,7 @@ SELECT EXISTS (SELECT 1 FROM {schema}.tasks AS t
                    WHERE t.state = 'failed' AND t.queue = %(queue)s)
        OR EXISTS (SELECT 1 FROM {schema}.tasks AS t
                    WHERE t.state = 'in_progress' AND t.queue = %(queue)s)
-       OR EXISTS (SELECT 1 FROM (SELECT t.queue FROM {schema}.tasks AS t
+       OR EXISTS (SELECT 1 FROM (SELECT t.queue FROM {schema}.task_rows AS t
                                   WHERE t.state IN ('done', 'cancelled')
                                   ORDER BY t.finished_at DESC LIMIT %(recent)s) AS f
                    WHERE f.queue = %(queue)s)

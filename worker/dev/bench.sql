@@ -46,7 +46,8 @@ SELECT 'bench.noop', %(queue)s, now() + interval '1 day'
 SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL;
 
 -- name: bench_done
-SELECT count(*) FROM {schema}.tasks WHERE state = 'done' AND queue = %(queue)s;
+-- Done tasks of the queue, wherever they finished (the task table or the history, schema/0025).
+SELECT count(*) FROM {schema}.task_rows WHERE state = 'done' AND queue = %(queue)s;
 
 -- name: bench_latency
 -- The light-load phases: from enqueue to claim, both read from the database clock (created_at is
@@ -57,7 +58,7 @@ SELECT count(*) AS n,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at))
            * 1000 AS p99_ms,
        max(extract(epoch FROM started_at - created_at)) * 1000 AS max_ms
-  FROM {schema}.tasks
+  FROM {schema}.task_rows
  WHERE state = 'done' AND queue = %(queue)s;
 
 -- name: bench_claim_backends

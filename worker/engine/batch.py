@@ -65,6 +65,7 @@ class Batcher:
         channel: str,
         done_channel: str = "",
         stores_result: Callable[[TaskDef], bool] = lambda d: False,
+        move_done: bool = False,
     ) -> None:
         self.q = q
         self.worker_id = worker_id
@@ -73,6 +74,8 @@ class Batcher:
         self.batch_size = batch_size
         self.lease_seconds = lease_seconds
         self.delete_done = delete_done
+        # Plain done rows leave the task table for the history (schema/0025, keep_history).
+        self.move_done = move_done and not delete_done
         self.max_attempts = dict(max_attempts)
         self._handlers = store.HandlerLimits(self.max_attempts)  # the claim's form of it
         self.poll_interval = poll_interval
@@ -196,11 +199,16 @@ class Batcher:
             self.freed()
         if done:
             kept = store.complete(
-                conn, self.q.schema, worker_id=self.worker_id, done=done, delete=self.delete_done
+                conn,
+                self.q.schema,
+                worker_id=self.worker_id,
+                done=done,
+                delete=self.delete_done,
+                move=self.move_done,
             )
         if with_result:
             stored = store.complete_with_result(
-                conn, self.q.schema, worker_id=self.worker_id, done=with_result
+                conn, self.q.schema, worker_id=self.worker_id, done=with_result, move=self.move_done
             )
             # Every stored result is announced: whoever waits for one of these tasks (a workflow
             # step's too) learns at the commit that it ended.

@@ -234,6 +234,8 @@ class Maintenance:
             total += n
             if n < cfg.purge_batch or self._stop.is_set():
                 break
+        # The history (schema/0025): whole slots emptied, whoever moved rows there.
+        store.rotate_history(conn, self.q.schema, done_seconds=cfg.keep_done_seconds)
         conn.execute(self.q["forget_stale"], {"older_than_seconds": cfg.forget_workers_after})
         return total
 

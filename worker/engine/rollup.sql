@@ -16,7 +16,7 @@ RETURNING minute;
 -- name: rollup_record
 -- The claimed minute %(minute)s, per queue: tasks queued (due, waiting; counted up to %(cap)s,
 -- from tasks_claim_idx) and in progress now, and of the tasks that finished during the minute
--- (done from tasks_done_idx, failed for good from tasks_failed_idx, at most %(sample)s of each,
+-- (done from tasks_done_idx and the history's slots, schema/0025, failed for good from tasks_failed_idx, at most %(sample)s of each,
 -- in finishing order) the median and 99th percentile of the seconds their last attempt waited
 -- from due to start. Queue names come from a skip scan of tasks_claim_idx (at most
 -- %(max_queues)s), the running tasks and the finished ones; at most %(max_queues)s rows are kept,
@@ -39,7 +39,7 @@ running AS (
 ),
 finished AS (
     SELECT f.queue, greatest(extract(epoch FROM f.started_at - f.run_at)::float8, 0) AS waited
-      FROM ((SELECT t.queue, t.started_at, t.run_at FROM {schema}.tasks AS t
+      FROM ((SELECT t.queue, t.started_at, t.run_at FROM {schema}.task_rows AS t
               WHERE t.state IN ('done', 'cancelled') AND t.state = 'done'
                 AND t.finished_at >= %(minute)s::timestamptz
                 AND t.finished_at < %(minute)s::timestamptz + interval '1 minute'

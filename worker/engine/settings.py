@@ -21,6 +21,10 @@ class WorkerConfig:
     listen_dsn: str | None = None  # a direct connection for LISTEN when dsn goes through PgBouncer
     keep_done_seconds: float = 3600.0  # 0: delete rows as they complete
     keep_failed_seconds: float = 7 * 86400.0
+    # Done rows leave the task table at their acknowledgement for the history (schema/0025),
+    # which retention empties a slice at a time. Off until every reader of finished rows reads
+    # the history too (reads by id do: task_rows).
+    keep_history: bool = False
     cron_keep_seconds: float = 86400.0
     purge_interval: float = 60.0
     max_abandoned: int | None = None  # stuck handler threads tolerated before the process gives up

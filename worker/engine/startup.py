@@ -88,6 +88,7 @@ def assemble(w: Worker) -> Parts:
         batch_size=cfg.batch_size,
         lease_seconds=cfg.lease_seconds,
         delete_done=cfg.keep_done_seconds <= 0,
+        move_done=cfg.keep_history,
         max_attempts=handler_attempts(w.registry),
         poll_interval=cfg.poll_interval,
         channel=notify_channel(cfg.schema),
@@ -101,6 +102,7 @@ def assemble(w: Worker) -> Parts:
         context=w.context,
         stores_result=w.stores_result,
         max_result_bytes=cfg.max_result_bytes,
+        move=cfg.keep_history and cfg.keep_done_seconds > 0,
     )
     executor = Executor(
         cfg.concurrency,

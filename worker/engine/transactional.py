@@ -37,6 +37,7 @@ class InTransaction:
         context: MakeContext,
         stores_result: Callable[[TaskDef], bool],
         max_result_bytes: int,
+        move: bool = False,
     ) -> None:
         self._pool = pool
         self.schema = schema
@@ -45,6 +46,7 @@ class InTransaction:
         self._stores_result = stores_result
         self._max_result_bytes = max_result_bytes
         self._done_channel = results.done_channel(schema)
+        self._move = move  # done rows go to the history (schema/0025, keep_history)
 
     def __call__(self, job: Job) -> None:
         """Raises ``LostLease`` or ``Cancelled`` (after the rollback) when the row could not be
@@ -66,13 +68,15 @@ class InTransaction:
                 text = results.encode_result(value, self._max_result_bytes)
                 row = [(c.id, c.attempt, text)]
                 kept = store.complete_with_result(
-                    conn, self.schema, worker_id=self.worker_id, done=row
+                    conn, self.schema, worker_id=self.worker_id, done=row, move=self._move
                 )
                 if kept:
                     store.notify_done(conn, self.schema, channel=self._done_channel, ids=kept)
             else:
                 done = [(c.id, c.attempt)]
-                kept = store.complete(conn, self.schema, worker_id=self.worker_id, done=done)
+                kept = store.complete(
+                    conn, self.schema, worker_id=self.worker_id, done=done, move=self._move
+                )
             if c.dependents and c.id in kept:  # a workflow's step: its dependents, at once
                 store.settle_steps(conn, self.schema, [c.id])
             if c.id not in kept:

@@ -2,10 +2,11 @@
 -- Each block starts with `-- name: NAME`; {schema} is the quoted schema name; values are bound.
 
 -- name: metrics_state_estimates
--- Rows per state across the whole table, from the planner's statistics (reltuples times the
--- most-common-value frequencies that ANALYZE keeps for `state`): free to read, as fresh as the last
--- autovacuum/analyze, and empty until the table has been analyzed once.
-SELECT v.state, (greatest(c.reltuples, 0) * v.freq)::float8 AS estimate
+-- Rows per state across the whole table and the history's slots (schema/0025), from the
+-- planner's statistics (reltuples times the most-common-value frequencies that ANALYZE keeps for
+-- `state`): free to read, as fresh as the last autovacuum/analyze, and empty until the table has
+-- been analyzed once. An emptied slot counts nothing (its reltuples is unknown until analyzed).
+SELECT v.state, sum(greatest(c.reltuples, 0) * v.freq)::float8 AS estimate
   FROM pg_class AS c
   JOIN pg_namespace AS ns ON ns.oid = c.relnamespace
  CROSS JOIN LATERAL (
@@ -14,7 +15,11 @@ SELECT v.state, (greatest(c.reltuples, 0) * v.freq)::float8 AS estimate
       FROM pg_stats AS s
      WHERE s.schemaname = ns.nspname AND s.tablename = c.relname AND s.attname = 'state'
  ) AS v
- WHERE ns.nspname = %(schema)s AND c.relname = 'tasks';
+ WHERE ns.nspname = %(schema)s
+   AND (c.relname = 'tasks'
+        OR c.oid IN (SELECT i.inhrelid FROM pg_inherits AS i
+                      WHERE i.inhparent = to_regclass(format('%%I.task_history', %(schema)s))))
+ GROUP BY v.state;
 
 -- name: status_page_cron_runs
 -- The latest slot of each cron key still in the table (at most %(limit)s keys): a skip scan of

@@ -11,10 +11,11 @@ SELECT {schema}.bulk_states(%(action)s, %(states)s::text[]) AS states;
 SELECT running, sample FROM {schema}.bulk_running(%(filter)s::jsonb, %(cap)s);
 
 -- name: bulk_examples
--- A few of the tasks a bulk action matched, for its dry run. Names and errors cut to %(chars)s.
+-- A few of the tasks a bulk action matched, for its dry run, from the task table or the
+-- history (task_rows, schema/0025). Names and errors cut to %(chars)s.
 SELECT t.id, t.state::text AS state, left(t.queue, %(chars)s) AS queue,
        left(t.task, %(chars)s) AS task, t.attempts, t.created_at, t.finished_at,
        left(t.last_error, %(chars)s) AS last_error
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  WHERE t.id = ANY(%(ids)s::bigint[])
  ORDER BY t.id;

@@ -165,11 +165,11 @@ SELECT (SELECT count(*)
 
 -- name: finished_counts
 -- Done and cancelled rows per queue among the newest %(cap)s of them, read backwards from
--- tasks_done_idx: exact when the table holds fewer than %(cap)s such rows (the caller checks),
+-- tasks_done_idx and the history's slots (schema/0025), merged: exact when the table holds fewer than %(cap)s such rows (the caller checks),
 -- otherwise the caller shows the estimates instead (done rows are kept for an hour, so a busy
 -- installation holds millions).
 SELECT r.queue, r.state::text AS state, count(*) AS n
-  FROM (SELECT t.queue, t.state FROM {schema}.tasks AS t
+  FROM (SELECT t.queue, t.state FROM {schema}.task_rows AS t
          WHERE t.state IN ('done', 'cancelled')
          ORDER BY t.finished_at DESC
          LIMIT %(cap)s) AS r
@@ -261,11 +261,12 @@ SELECT 'queued', s.task, s.queue, s.n, s.sampled >= %(sample)s
  LIMIT %(limit)s;
 
 -- name: get_task
--- One task, with the errors of its last attempts (`errors`, oldest first; schema/0008).
+-- One task, with the errors of its last attempts (`errors`, oldest first; schema/0008), from
+-- the task table or the history (task_rows, schema/0025).
 SELECT id, queue, task, payload, priority, run_at, state::text AS state, attempts, max_attempts,
        last_error, coalesce(errors, '[]') AS errors, dedupe_key, worker_id, lease_expires_at,
        created_at, started_at, finished_at, cancel_requested_at, cancelled_by
-  FROM {schema}.tasks
+  FROM {schema}.task_rows
  WHERE id = %(id)s;
 
 -- name: metrics_workers_alive

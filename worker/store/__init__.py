@@ -55,7 +55,7 @@ from .operator import (
     delete_tasks,
     requeue,
 )
-from .recovery import purge, rescue, settle_missed, worker_died
+from .recovery import purge, rescue, rotate_history, settle_missed, worker_died
 
 __all__ = [
     "ERROR_HISTORY",
@@ -100,6 +100,7 @@ __all__ = [
     "release",
     "requeue",
     "rescue",
+    "rotate_history",
     "settle_missed",
     "settle_steps",
     "wake_handed_back",

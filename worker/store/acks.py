@@ -47,22 +47,26 @@ def complete(
     worker_id: str,
     done: Sequence[tuple[int, int]],
     delete: bool = False,
+    move: bool = False,
 ) -> dict[int, str]:
-    """in_progress -> done (or deleted), or cancelled for rows someone asked to cancel. Returns
-    {id: "done" | "cancelled"} for the rows that were still ours (a deleted row counts as done)."""
+    """in_progress -> done (or deleted, with ``delete``; or moved to the history, with
+    ``move``: schema/0025), or cancelled for rows someone asked to cancel. Returns
+    {id: "done" | "cancelled"} for the rows that were still ours (a deleted or moved row counts
+    as done)."""
     if not done:
         return {}
     ids, attempts = zip(*done, strict=True)
     params = {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id}
-    if not delete:
+    if not delete and not move:
         return dict(conn.execute(statements(schema)["complete"], params, **PLAN_EACH).fetchall())
-    deleted = conn.execute(statements(schema)["complete_delete"], params, **PLAN_EACH).fetchall()
-    kept = {r[0]: "done" for r in deleted}
+    name = "complete_delete" if delete else "complete_move"
+    gone = conn.execute(statements(schema)[name], params, **PLAN_EACH).fetchall()
+    kept = {r[0]: "done" for r in gone}
     if len(kept) < len(ids):
         # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
-        # (they end cancelled) and workflow steps others wait for: mark those instead.
+        # (they end cancelled) and workflow steps: mark those instead.
         rest = [(i, a) for i, a in done if i not in kept]
-        kept |= complete(conn, schema, worker_id=worker_id, done=rest, delete=False)
+        kept |= complete(conn, schema, worker_id=worker_id, done=rest)
     return kept
 
 
@@ -171,23 +175,32 @@ def complete_with_result(
     *,
     worker_id: str,
     done: Sequence[tuple[int, int, str]],
+    move: bool = False,
 ) -> dict[int, str]:
     """in_progress -> done, storing each row's result: (id, attempt, result JSON) each, fenced
     as ``complete`` (a row with a cancel request ends cancelled, without its
-    result). Returns {id: "done" | "cancelled"} for the rows that were still ours."""
+    result); with ``move``, the rows ``complete_move`` takes go to the history with their
+    result. Returns {id: "done" | "cancelled"} for the rows that were still ours."""
     if not done:
         return {}
     ids, attempts, results = zip(*done, strict=True)
-    rows = conn.execute(
-        statements(schema)["complete_with_result"],
-        {
-            "ids": int_array(ids),
-            "attempts": int_array(attempts),
-            "results": list(results),
-            "worker_id": worker_id,
-        },
-        **PLAN_EACH,
-    ).fetchall()
+    params = {
+        "ids": int_array(ids),
+        "attempts": int_array(attempts),
+        "results": list(results),
+        "worker_id": worker_id,
+    }
+    kept: dict[int, str] = {}
+    if move:
+        moved = conn.execute(
+            statements(schema)["complete_move_with_result"], params, **PLAN_EACH
+        ).fetchall()
+        kept = {r[0]: "done" for r in moved}
+        if len(kept) == len(ids):
+            return kept
+        rest = [row for row in done if row[0] not in kept]
+        return kept | complete_with_result(conn, schema, worker_id=worker_id, done=rest)
+    rows = conn.execute(statements(schema)["complete_with_result"], params, **PLAN_EACH).fetchall()
     return {r[0]: r[1] for r in rows}
 
 

@@ -24,13 +24,18 @@ SELECT {schema}.cancel_workflow(%(id)s::bigint, %(by)s::text);
 
 -- name: delete_tasks
 -- Delete the tasks among %(ids)s that no worker is running (a running task's worker would find
--- its row gone: cancel it or let it finish first); returns how many.
+-- its row gone: cancel it or let it finish first), in the task table or the history
+-- (schema/0025); returns how many.
 WITH gone AS (
     DELETE FROM {schema}.tasks AS t
      WHERE t.id = ANY(%(ids)s::bigint[]) AND t.state <> 'in_progress'
     RETURNING 1
+), gone_history AS (
+    DELETE FROM {schema}.task_history AS h
+     WHERE h.id = ANY(%(ids)s::bigint[])
+    RETURNING 1
 )
-SELECT count(*) FROM gone;
+SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM gone_history);
 
 -- name: bulk_step
 -- One batch of one walk: see schema/0008, bulk_step. Runs in a transaction of its own.

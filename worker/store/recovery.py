@@ -59,6 +59,15 @@ def purge(
     return int(row[0]) if row else 0
 
 
+def rotate_history(conn: psycopg.Connection, schema: str, *, done_seconds: float) -> int:
+    """Retention of the history (schema/0025): empty the slots past ``done_seconds`` and open the
+    next slot when the current one is a slice old; returns how many slots were emptied."""
+    row = conn.execute(
+        statements(schema)["rotate_history"], {"done_seconds": done_seconds}
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def settle_missed(conn: psycopg.Connection, schema: str, *, limit: int = 1000) -> int:
     """Workflows: settle steps that finished without their acknowledgement doing it (a rescue,
     a dead worker's hand-back, SQL), and release waiting steps with nothing left to wait for."""

@@ -167,6 +167,12 @@ WITH gone AS (
 )
 SELECT s.n FROM steps AS s;
 
+-- name: rotate_history
+-- Retention of the history (schema/0025): empty the slots whose rows are all older than
+-- %(done_seconds)s, and open the next slot once the current one is a slice old. Any worker runs
+-- it; concurrent calls return at once.
+SELECT {schema}.rotate_history(%(done_seconds)s::float8) AS emptied;
+
 -- name: settle_missed
 -- Workflows (schema/0022): steps that finished without an acknowledgement that settled their
 -- dependents (a rescue or a supervisor's hand-back that failed them for good, an SQL update), and

@@ -5,8 +5,9 @@
 -- left() of a text column reads only the start of it; octet_length() only its header.
 
 -- name: browse_any
--- Every state, newest first; or the waiting steps of workflows (%(state)s), which no index holds:
--- found among the rows of the same walk.
+-- Every task, newest id first, in the task table and the history (task_rows, schema/0025); or
+-- the waiting steps of workflows (%(state)s), which no index holds: found among the rows of the
+-- same walk.
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
@@ -24,7 +25,7 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
            AND (%(pattern)s::text IS NULL OR s.payload::text ILIKE %(pattern)s
                 OR s.last_error ILIKE %(pattern)s) AS hit,
            row_number() OVER () AS n
-      FROM (SELECT t.* FROM {schema}.tasks AS t
+      FROM (SELECT t.* FROM {schema}.task_rows AS t
              WHERE t.id < %(after_id)s
              ORDER BY t.id DESC
              LIMIT %(scan)s) AS s
@@ -114,7 +115,8 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
  LIMIT %(limit)s;
 
 -- name: browse_finished
--- Done or cancelled (%(state)s), newest finished first, from tasks_done_idx (which holds both).
+-- Done or cancelled (%(state)s), newest finished first, from tasks_done_idx (which holds both)
+-- and the history's slots (task_history_finished_idx, schema/0025), merged.
 SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
        left(w.task, 255) AS task, char_length(w.task) AS task_length, w.state::text AS state,
        w.priority, w.attempts, w.max_attempts,
@@ -138,7 +140,7 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
               ORDER BY t.id + 0 DESC
               LIMIT %(scan)s)
             UNION ALL
-            (SELECT t.* FROM {schema}.tasks AS t
+            (SELECT t.* FROM {schema}.task_rows AS t
               WHERE t.state IN ('done', 'cancelled')
                 AND (t.finished_at, t.id)
                     < (%(after_at)s::timestamptz, %(after_finished_id)s::bigint)
@@ -186,7 +188,8 @@ SELECT w.id, left(w.queue, 255) AS queue, char_length(w.queue) AS queue_length,
  LIMIT %(limit)s;
 
 -- name: browse_id
--- One task by id, if it matches the rest of the filter.
+-- One task by id, if it matches the rest of the filter, from the task table or the history
+-- (task_rows, schema/0025).
 SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, 255) AS task, char_length(t.task) AS task_length, t.state::text AS state,
        t.priority, t.attempts, t.max_attempts,
@@ -196,7 +199,7 @@ SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
          AS last_error_length,
        CASE WHEN pg_column_size(t.payload) <= %(stored)s
             THEN left(t.payload::text, %(chars)s) END AS payload, true AS hit, 1::bigint AS n
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  WHERE t.id = %(id)s
    AND (%(state)s::text IS NULL OR t.state::text = %(state)s)
    AND (%(task)s::text IS NULL OR t.task = %(task)s)
@@ -206,12 +209,12 @@ SELECT t.id, left(t.queue, 255) AS queue, char_length(t.queue) AS queue_length,
 
 -- name: throughput_minutes
 -- Tasks finished per minute, for each minute starting at one of %(minutes)s: done ones from
--- tasks_done_idx, failed ones (failed for good: retries are not counted) from tasks_failed_idx,
+-- tasks_done_idx and the history's slots (schema/0025), failed ones (failed for good: retries are not counted) from tasks_failed_idx,
 -- each counted up to %(cap)s. Counted from the rows retention keeps: a minute older than
 -- --keep-done (or --keep-failed) has lost its rows, and with --keep-done 0 there are none.
 SELECT m.minute,
        (SELECT count(*)
-          FROM (SELECT 1 FROM {schema}.tasks AS t
+          FROM (SELECT 1 FROM {schema}.task_rows AS t
                  WHERE t.state IN ('done', 'cancelled')
                    AND t.finished_at >= m.minute AND t.finished_at < m.minute + interval '1 minute'
                    AND t.state = 'done'
@@ -234,7 +237,8 @@ SELECT date_trunc('minute', now()) AS minute;
 -- %(chars)s characters; the payload, the result and the error history as text cut to %(chars)s
 -- characters (pretty when small) with their sizes as JSON, or, stored larger than %(stored)s
 -- bytes, only their stored sizes; the worker that holds or last held it, and its lease; the
--- workflow it is a step of (schema/0022), if any.
+-- workflow it is a step of (schema/0022), if any. From the task table or the history
+-- (task_rows, schema/0025), as every read of one task by id.
 SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS queue_length,
        left(t.task, %(name_chars)s) AS task, char_length(t.task) AS task_length,
        t.state::text AS state, t.priority, t.attempts, t.max_attempts, t.handed_back,
@@ -272,7 +276,7 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
                  ORDER BY x.n DESC
                  LIMIT 10) AS e)
            AS errors
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  -- Each value as text once (OFFSET 0 keeps it from being computed again for each use), and only
  -- when it is small enough as stored.
  CROSS JOIN LATERAL (
@@ -288,7 +292,7 @@ SELECT t.id, left(t.queue, %(name_chars)s) AS queue, char_length(t.queue) AS que
 SELECT CASE %(what)s WHEN 'payload' THEN t.payload IS NOT NULL
                      WHEN 'result' THEN t.result IS NOT NULL
                      ELSE t.errors IS NOT NULL END
-  FROM {schema}.tasks AS t
+  FROM {schema}.task_rows AS t
  WHERE t.id = %(id)s;
 
 -- name: console_download
@@ -298,7 +302,7 @@ SELECT g AS n, substring(d.data FROM g * %(chunk)s + 1 FOR %(chunk)s) AS chunk
   FROM (SELECT convert_to(CASE %(what)s WHEN 'payload' THEN t.payload::text
                                         WHEN 'result' THEN t.result::text
                                         ELSE t.errors::text END, 'UTF8') AS data
-          FROM {schema}.tasks AS t
+          FROM {schema}.task_rows AS t
          WHERE t.id = %(id)s
         OFFSET 0) AS d
  CROSS JOIN LATERAL generate_series(0, (octet_length(d.data) - 1) / %(chunk)s) AS g;

@@ -1,4 +1,4 @@
-"""The worker's schema at version 24 (schema/0024_pace_ahead.sql)."""
+"""The worker's schema at version 24 (schema/0025_pace_ahead.sql)."""
 
 from django.db import migrations
 
