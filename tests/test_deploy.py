@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -520,11 +521,27 @@ def test_worker_role_runs_a_worker_but_cannot_change_the_schema(
         (queue, queue, queue),
     )
     config = WorkerConfig(
-        dsn=dsn, schema=schema, queues=[queue], poll_interval=0.1, lease_seconds=2
-    )
+        dsn=dsn, schema=schema, queues=[queue], poll_interval=0.1, lease_seconds=2,
+        keep_history=True,
+    )  # fmt: skip
     with ThreadWorker(config, reg) as tw:
-        wait_until(lambda: states(conn, schema) == {"done": 2, "failed": 1})
+        # The done rows moved to the history (the failed one stays).
+        wait_until(
+            lambda: (
+                states(conn, schema) == {"failed": 1}
+                and conn.execute(
+                    f"SELECT count(*) FROM {schema}.task_rows WHERE state = 'done'"
+                ).fetchone()[0]
+                == 2
+            )
+        )
         tw.stop()
+    # The history's retention empties their slot whole.
+    with psycopg.connect(dsn, autocommit=True) as w:
+        w.execute(f"SELECT {schema}.rotate_history(0, 0)")  # the slot closes
+        time.sleep(0.01)
+        emptied = w.execute(f"SELECT {schema}.rotate_history(0, 0)").fetchone()
+    assert emptied == (1,)
 
     from test_metrics import fetch
 
@@ -613,6 +630,7 @@ NO_EMBEDDED = """\
 # PostgreSQL of the machine's own were installed.
 import glob
 import sys
+import time
 
 sys.modules["pgserver"] = None  # `import pgserver` raises ImportError, find_spec finds nothing
 _glob = glob.glob

@@ -67,6 +67,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA :"schema" TO :"work
 REVOKE INSERT, UPDATE, DELETE ON :"schema".schema_migrations FROM :"worker_role";
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA :"schema" TO :"worker_role";
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA :"schema" TO :"worker_role";
+-- Retention empties the history's slots whole (rotate_history), and nothing else.
+GRANT TRUNCATE ON :"schema".task_history_1, :"schema".task_history_2, :"schema".task_history_3,
+                  :"schema".task_history_4, :"schema".task_history_5, :"schema".task_history_6,
+                  :"schema".task_history_7, :"schema".task_history_8 TO :"worker_role";
 
 -- Tables a later migration creates (as this same owner) reach the worker without a re-run;
 -- re-run anyway after upgrading, so that the revokes above apply to new objects too.
