@@ -195,11 +195,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    head = ["queue", *(s.replace("_", " ") for s in STATES), "oldest due", "live worker"]
+    # Workflow steps waiting for their dependencies: a column only where there are some.
+    shown = [s for s in STATES if s != "waiting" or any(_count(q, s) != "0" for q in st.queues)]
+    head = ["queue", *(s.replace("_", " ") for s in shown), "oldest due", "live worker"]
     rows = [
         [
             q.queue + (" (paused)" if q.queue in paused else ""),
-            *(_count(q, s) for s in STATES),
+            *(_count(q, s) for s in shown),
             age(q.oldest_seconds),
             "yes" if q.served else "none",
         ]
