@@ -43,10 +43,10 @@ def finished(schema: str, conn: psycopg.Connection) -> str:
 
 
 def _cells(out: str, queue: str) -> dict[str, str]:
-    """The status table's row of ``queue``, by its header's column names (a state's name with
-    "_" as in STATES; the waiting column is shown only where workflow steps wait)."""
+    """The status table's row of ``queue``, by its header's column names (the waiting column is
+    shown only where workflow steps wait)."""
     lines = out.splitlines()
-    head = [h.replace(" ", "_") for h in re.split(r"\s{2,}", lines[0].strip())]
+    head = re.split(r"\s{2,}", lines[0].strip())
     line = next(x for x in lines if re.match(rf"{queue}\s", x))
     cells = dict(zip(head, re.split(r"\s{2,}", line.strip()), strict=True))
     cells.setdefault("waiting", "0")  # the one column shown only when not all 0
