@@ -13,16 +13,18 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worker.db.migrate import migrate
 from worker.db.sql import statements
-from worker.dev.embedded import EmbeddedPostgres
+from worker.dev.embedded import EmbeddedError, EmbeddedPostgres, find_pg_bin
 from worker.engine.loop import Worker, WorkerConfig
 from worker.tasks.registry import Registry
 
@@ -99,12 +101,75 @@ def conn(pg_dsn: str) -> Iterator[psycopg.Connection]:
         yield c
 
 
-@pytest.fixture
-def schema(pg_dsn: str) -> Iterator[str]:
-    """A freshly migrated schema with a unique name, dropped afterwards: tests never share rows."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+def _schema_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+def _dump_schema(dsn: str, schema: str) -> str:
+    """``schema`` as pg_dump writes it, its rows included (the record of the migrations applied),
+    as statements one connection can run: without psql's meta-commands."""
+    params = conninfo_to_dict(dsn)
+    env = {**os.environ, "PGPASSWORD": str(params.get("password") or "")}
+    done = subprocess.run(
+        [
+            str(find_pg_bin() / "pg_dump"),
+            f"--schema={schema}",
+            "--no-owner",
+            "--no-privileges",
+            "--inserts",
+            "--dbname",
+            make_conninfo(dsn, password=None) if params.get("password") else dsn,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    return "\n".join(line for line in done.stdout.splitlines() if not line.startswith("\\"))
+
+
+@pytest.fixture(scope="session")
+def _migrated_schema(pg_dsn: str) -> tuple[str, str] | None:
+    """A schema migrated once per test process, as the SQL that makes it again (a placeholder
+    name and the dump that holds it): running that dump under a test's own name takes a fraction
+    of the time the 20-odd migrations take, each in its transaction, and the suite makes a
+    schema for most of its tests. Used only once a copy made from it dumps exactly as the
+    migrated schema does; None (every schema is migrated) when pg_dump cannot read the server."""
+    template, copy = _schema_name(), _schema_name()
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        migrate(c, name)
+        try:
+            migrate(c, template)
+            try:
+                ddl = _dump_schema(pg_dsn, template)
+                c.execute(ddl.replace(template, copy))
+                again = _dump_schema(pg_dsn, copy)
+            except (OSError, subprocess.SubprocessError, EmbeddedError):
+                return None  # no pg_dump, or one older than the server: migrate each schema
+        finally:
+            c.execute(f"DROP SCHEMA IF EXISTS {template} CASCADE")
+            c.execute(f"DROP SCHEMA IF EXISTS {copy} CASCADE")
+    if again != ddl.replace(template, copy):
+        warnings.warn(
+            "a schema made from a migrated schema's dump differs from it; every test's schema "
+            "is migrated instead (slower)",
+            stacklevel=1,
+        )
+        return None
+    return template, ddl
+
+
+@pytest.fixture
+def schema(pg_dsn: str, _migrated_schema: tuple[str, str] | None) -> Iterator[str]:
+    """A freshly migrated schema with a unique name, dropped afterwards: tests never share rows.
+    Made from the session's migrated schema (see _migrated_schema) when it can be."""
+    name = _schema_name()
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        if _migrated_schema is None:
+            migrate(c, name)
+        else:
+            template, ddl = _migrated_schema
+            c.execute(ddl.replace(template, name))
     yield name
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
