@@ -3,9 +3,11 @@ per test, and helpers to run workers in threads or as real processes."""
 
 from __future__ import annotations
 
+import compileall
 import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +39,18 @@ _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_
 # Fixtures that start or connect to a PostgreSQL server (fixturenames holds every fixture a
 # test needs, its fixtures' fixtures included).
 _SERVER_FIXTURES = {"pg_dsn", "private_server", "make_server", "shared_server", "special"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package and the modules the tests' processes import, once, before any test
+    starts a process. When the environment sets PYTHONDONTWRITEBYTECODE nothing else writes
+    bytecode, and every `worker` process the suite starts (hundreds: commands, pools and their
+    children) compiled each module it imports again: 0.15 s of CPU of the 0.4 s a command takes
+    to start. Stale files are compiled again; test files are pytest's to rewrite."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist test process: the controller has done it
+    for folder in (ROOT / "worker", ROOT / "tests"):
+        compileall.compile_dir(folder, quiet=1, rx=re.compile(r"/test_[^/]*\.py$"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
