@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,39 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Modules whose every test starts PostgreSQL servers of its own (or processes that do).
 _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_run"}
+
+
+# Files whose tests take about a minute or more in all on two busy cores, longest first. Under
+# `--dist loadfile` a file runs whole in one test process, and files are handed out in the
+# order collected (`--no-loadscope-reorder`): these go first, so that no long file is what one
+# process still runs at the end while the other has nothing left to do. The other files follow,
+# most tests first. The list only orders the run; a file missing from it runs later, no less.
+_LONG_FILES = (
+    "test_pool.py",
+    "test_pythons.py",
+    "test_runtime.py",
+    "test_limits.py",
+    "test_secrets.py",
+    "test_workflows.py",
+    "test_results.py",
+    "test_outage_log.py",
+    "test_bulk.py",
+    "test_explain.py",
+    "test_matrix.py",
+    "test_metrics.py",
+    "test_bench.py",
+    "test_faults.py",
+    "test_pause.py",
+    "test_cancel_running.py",
+    "test_doc_samples.py",
+    "test_cli_input.py",
+    "test_exit_codes.py",
+    "test_console_ui.py",
+    "test_cron.py",
+    "test_django_migrations.py",
+    "test_wheel.py",
+    "test_dead_workers.py",
+)
 
 
 # Fixtures that start or connect to a PostgreSQL server (fixturenames holds every fixture a
@@ -70,6 +104,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not asked and item.get_closest_marker("deploy"):
             reason = "deploy smoke: run with `pytest -m deploy` (builds the image)"
             item.add_marker(pytest.mark.skip(reason=reason))
+    # The long files first, then the others, most tests first; a file's tests keep their order.
+    rank = {name: i for i, name in enumerate(_LONG_FILES)}
+    tests = Counter(item.path.name for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -tests[item.path.name]))
 
 
 _PROCESS_CALLS = ("run_cli(", "spawn_cli(", "worker_cli(", "EmbeddedPostgres(")
