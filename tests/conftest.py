@@ -3,9 +3,11 @@ per test, and helpers to run workers in threads or as real processes."""
 
 from __future__ import annotations
 
+import compileall
 import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,16 +15,19 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worker.db.migrate import migrate
 from worker.db.sql import statements
-from worker.dev.embedded import EmbeddedPostgres
+from worker.dev.embedded import EmbeddedError, EmbeddedPostgres, find_pg_bin
 from worker.engine.loop import Worker, WorkerConfig
 from worker.tasks.registry import Registry
 
@@ -32,9 +37,54 @@ ROOT = Path(__file__).resolve().parent.parent
 _SERVER_MODULES = {"test_embedded", "test_pgbouncer", "test_bench", "test_first_run"}
 
 
+# Files whose tests take about a minute or more in all on two busy cores, longest first. Under
+# `--dist loadfile` a file runs whole in one test process, and files are handed out in the
+# order collected (`--no-loadscope-reorder`): these go first, so that no long file is what one
+# process still runs at the end while the other has nothing left to do. The other files follow,
+# most tests first. The list only orders the run; a file missing from it runs later, no less.
+_LONG_FILES = (
+    "test_pool.py",
+    "test_pythons.py",
+    "test_runtime.py",
+    "test_limits.py",
+    "test_secrets.py",
+    "test_workflows.py",
+    "test_results.py",
+    "test_outage_log.py",
+    "test_bulk.py",
+    "test_explain.py",
+    "test_matrix.py",
+    "test_metrics.py",
+    "test_bench.py",
+    "test_faults.py",
+    "test_pause.py",
+    "test_cancel_running.py",
+    "test_doc_samples.py",
+    "test_cli_input.py",
+    "test_exit_codes.py",
+    "test_console_ui.py",
+    "test_cron.py",
+    "test_django_migrations.py",
+    "test_wheel.py",
+    "test_dead_workers.py",
+)
+
+
 # Fixtures that start or connect to a PostgreSQL server (fixturenames holds every fixture a
 # test needs, its fixtures' fixtures included).
 _SERVER_FIXTURES = {"pg_dsn", "private_server", "make_server", "shared_server", "special"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package and the modules the tests' processes import, once, before any test
+    starts a process. When the environment sets PYTHONDONTWRITEBYTECODE nothing else writes
+    bytecode, and every `worker` process the suite starts (hundreds: commands, pools and their
+    children) compiled each module it imports again: 0.15 s of CPU of the 0.4 s a command takes
+    to start. Stale files are compiled again; test files are pytest's to rewrite."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist test process: the controller has done it
+    for folder in (ROOT / "worker", ROOT / "tests"):
+        compileall.compile_dir(folder, quiet=1, rx=re.compile(r"/test_[^/]*\.py$"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -54,6 +104,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not asked and item.get_closest_marker("deploy"):
             reason = "deploy smoke: run with `pytest -m deploy` (builds the image)"
             item.add_marker(pytest.mark.skip(reason=reason))
+    # The long files first, then the others, most tests first; a file's tests keep their order.
+    rank = {name: i for i, name in enumerate(_LONG_FILES)}
+    tests = Counter(item.path.name for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -tests[item.path.name]))
 
 
 _PROCESS_CALLS = ("run_cli(", "spawn_cli(", "worker_cli(", "EmbeddedPostgres(")
@@ -99,12 +153,75 @@ def conn(pg_dsn: str) -> Iterator[psycopg.Connection]:
         yield c
 
 
-@pytest.fixture
-def schema(pg_dsn: str) -> Iterator[str]:
-    """A freshly migrated schema with a unique name, dropped afterwards: tests never share rows."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+def _schema_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+def _dump_schema(dsn: str, schema: str) -> str:
+    """``schema`` as pg_dump writes it, its rows included (the record of the migrations applied),
+    as statements one connection can run: without psql's meta-commands."""
+    params = conninfo_to_dict(dsn)
+    env = {**os.environ, "PGPASSWORD": str(params.get("password") or "")}
+    done = subprocess.run(
+        [
+            str(find_pg_bin() / "pg_dump"),
+            f"--schema={schema}",
+            "--no-owner",
+            "--no-privileges",
+            "--inserts",
+            "--dbname",
+            make_conninfo(dsn, password=None) if params.get("password") else dsn,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    return "\n".join(line for line in done.stdout.splitlines() if not line.startswith("\\"))
+
+
+@pytest.fixture(scope="session")
+def _migrated_schema(pg_dsn: str) -> tuple[str, str] | None:
+    """A schema migrated once per test process, as the SQL that makes it again (a placeholder
+    name and the dump that holds it): running that dump under a test's own name takes a fraction
+    of the time the 20-odd migrations take, each in its transaction, and the suite makes a
+    schema for most of its tests. Used only once a copy made from it dumps exactly as the
+    migrated schema does; None (every schema is migrated) when pg_dump cannot read the server."""
+    template, copy = _schema_name(), _schema_name()
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        migrate(c, name)
+        try:
+            migrate(c, template)
+            try:
+                ddl = _dump_schema(pg_dsn, template)
+                c.execute(ddl.replace(template, copy))
+                again = _dump_schema(pg_dsn, copy)
+            except (OSError, subprocess.SubprocessError, EmbeddedError):
+                return None  # no pg_dump, or one older than the server: migrate each schema
+        finally:
+            c.execute(f"DROP SCHEMA IF EXISTS {template} CASCADE")
+            c.execute(f"DROP SCHEMA IF EXISTS {copy} CASCADE")
+    if again != ddl.replace(template, copy):
+        warnings.warn(
+            "a schema made from a migrated schema's dump differs from it; every test's schema "
+            "is migrated instead (slower)",
+            stacklevel=1,
+        )
+        return None
+    return template, ddl
+
+
+@pytest.fixture
+def schema(pg_dsn: str, _migrated_schema: tuple[str, str] | None) -> Iterator[str]:
+    """A freshly migrated schema with a unique name, dropped afterwards: tests never share rows.
+    Made from the session's migrated schema (see _migrated_schema) when it can be."""
+    name = _schema_name()
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        if _migrated_schema is None:
+            migrate(c, name)
+        else:
+            template, ddl = _migrated_schema
+            c.execute(ddl.replace(template, name))
     yield name
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")

@@ -1,13 +1,15 @@
 """Lock contenders and holders run as real processes by tests/test_locks.py.
 
-    python tests/locks_module.py contend DSN SCHEMA NAME START SLOTS PERIOD TTL THREADS
+    python tests/locks_module.py contend DSN SCHEMA NAME SLOTS PERIOD TTL THREADS
     python tests/locks_module.py hold DSN SCHEMA NAME TTL
     python tests/locks_module.py advisory DSN NAME
 
 `contend`: THREADS threads, each with its own lock object (its own holder), compete for lock NAME
 at every slot START + k * PERIOD, as instances triggered by a scheduler would, and record every
-attempt in SCHEMA.lock_attempts. `hold` and `advisory` take a lock, say so on stdout, and work
-until they are killed.
+attempt in SCHEMA.lock_attempts. Once every thread is connected it prints "ready" and reads
+START (seconds since the epoch) from stdin, so that the test starts the first slot when every
+process is ready, however long their start took. `hold` and `advisory` take a lock, say so on
+stdout, and work until they are killed.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ def contend(
     dsn: str,
     schema: str,
     name: str,
-    start: float,
     slots: int,
     period: float,
     ttl: float,
     threads: int,
 ) -> None:
-    barrier = threading.Barrier(threads)
+    connected = threading.Barrier(threads + 1)  # the threads and this one
+    started = threading.Event()
+    start: list[float] = []
 
     def run() -> None:
         with (
@@ -40,9 +43,10 @@ def contend(
             psycopg.connect(dsn, autocommit=True) as record,
         ):
             lock = worker.ExclusiveLock(conn, name, ttl=ttl, schema=schema)
-            barrier.wait()
+            connected.wait()
+            started.wait()
             for slot in range(slots):
-                at = start + slot * period
+                at = start[0] + slot * period
                 time.sleep(max(0.0, at - time.time()))
                 # A scheduler does not fire a trigger it is very late for; competing after the
                 # winner's lock expired would be a second run of the same slot (the lock's ttl
@@ -59,6 +63,10 @@ def contend(
     workers = [threading.Thread(target=run) for _ in range(threads)]
     for t in workers:
         t.start()
+    connected.wait()
+    print("ready", flush=True)
+    start.append(float(sys.stdin.readline()))
+    started.set()
     for t in workers:
         t.join()
 
@@ -81,10 +89,8 @@ def advisory(dsn: str, name: str) -> None:
 def main(argv: list[str]) -> None:
     mode, *rest = argv
     if mode == "contend":
-        dsn, schema, name, start, slots, period, ttl, threads = rest
-        contend(
-            dsn, schema, name, float(start), int(slots), float(period), float(ttl), int(threads)
-        )
+        dsn, schema, name, slots, period, ttl, threads = rest
+        contend(dsn, schema, name, int(slots), float(period), float(ttl), int(threads))
     elif mode == "hold":
         dsn, schema, name, ttl = rest
         hold(dsn, schema, name, float(ttl))

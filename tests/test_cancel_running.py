@@ -160,7 +160,8 @@ def test_a_cancel_lands_while_every_slot_is_taken(
     the loop reads its socket when nothing else comes, though no heartbeat is due for 10 s."""
     schema = tables
     ids = [enqueue(conn, schema, "cx.async_sleep", s=60) for _ in range(4)]
-    with running_worker(pg_dsn, schema):
+    # A short grace: the stop at the end does not wait 30 s for the three tasks left running.
+    with running_worker(pg_dsn, schema, "--grace", "1"):
         for task_id in ids:
             started(conn, schema, task_id)
         time.sleep(0.5)

@@ -36,7 +36,7 @@ def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
     _hooks._listeners.remove(listener)
 
 
-def _spawn(*args: str) -> subprocess.Popen[str]:
+def _spawn(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
     return subprocess.Popen(
         [sys.executable, LOCKS_MODULE, *args],
@@ -44,6 +44,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
         cwd=ROOT,
         text=True,
         stdout=subprocess.PIPE,
+        **kwargs,
     )
 
 
@@ -295,24 +296,19 @@ def test_many_contending_processes_and_threads_one_winner_per_slot(
         f"CREATE TABLE {schema}.lock_attempts (slot int, pid int, holder text, won boolean)"
     )
     slots, period, ttl = 8, 2.0, 1.5
-    # The first trigger leaves time for four Python processes to start, which on a busy machine
-    # took more than the 3 s given before (the first slot then had no contender at all).
-    start = time.time() + 10.0
-    procs = [
-        _spawn(
-            "contend",
-            pg_dsn,
-            schema,
-            "singleton",
-            f"{start}",
-            f"{slots}",
-            f"{period}",
-            f"{ttl}",
-            "4",
-        )
-        for _ in range(4)
-    ]
+    args = ("contend", pg_dsn, schema, "singleton", f"{slots}", f"{period}", f"{ttl}", "4")
+    procs = [_spawn(*args, stdin=subprocess.PIPE) for _ in range(4)]
     try:
+        # The first trigger comes once every process has its four threads connected (a fixed
+        # head start was either too short for four Python processes on a busy machine, leaving
+        # the first slot without contenders, or seconds too long everywhere else).
+        for p in procs:
+            assert _first_line(p) == "ready"
+        start = time.time() + 1.0
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"{start}\n")
+            p.stdin.close()
         for p in procs:
             assert p.wait(timeout=60) == 0
     finally:

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.db  # builds venvs, runs processes
 def _venv(python: str, where: Path, *requirements: str) -> Path:
     """A fresh venv of ``python`` with this tree installed (not editable) and ``requirements``."""
     subprocess.run([python, "-m", "venv", str(where)], check=True, timeout=120)
-    pip = [str(where / "bin" / "python"), "-m", "pip", "install", "-q"]
+    # No bytecode compiled ahead: Python compiles what the tests import as they import it,
+    # and compiling every module of Django, Playwright and the rest took seconds of CPU.
+    pip = [str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     r = subprocess.run(
         [*pip, *requirements], capture_output=True, text=True, timeout=900, cwd=where
     )

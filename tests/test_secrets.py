@@ -551,9 +551,13 @@ def test_the_benchmark_puts_no_password_on_its_workers_command_lines(pg_dsn: str
     while it runs, none of its descendants ever shows the DSN's password in its command line."""
     dsn = _with_password(pg_dsn, "url")
     tiny = ("--tasks", "300", "--processes", "2", "--concurrency", "10", "--light-rate", "0")
+    # Every phase that starts workers runs, each as small as it goes: the workflow phases' own
+    # pools (the fan-out's drains, the chain's two processes) are watched like the others.
+    flows = ("--fanout", "20", "--fanout-runs", "1", "--chain", "10")
     proc = spawn_cli(
         "bench",
         *tiny,
+        *flows,
         *("--latency-rate", "200", "--latency-tasks", "200", "--no-limit-phases"),
         env={"WORKER_DSN": dsn},
         stdout=subprocess.PIPE,
