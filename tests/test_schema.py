@@ -172,7 +172,13 @@ def big_table(conn: psycopg.Connection, schema: str) -> str:
 
 
 def _no_seq_scan(nodes: list[dict[str, Any]]) -> None:
-    scans = [n for n in nodes if n["Node Type"] == "Seq Scan"]
+    # history_slots (schema/0025) holds eight rows for good, one page: a scan of it is the
+    # cheapest read there is, whatever the planner's statistics say (a fresh copy has none).
+    scans = [
+        n
+        for n in nodes
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "history_slots"
+    ]
     assert not scans, f"sequential scan in plan: {scans}"
 
 
