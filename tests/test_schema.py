@@ -5,16 +5,20 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import re
 import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import every_statement, run_cli
+from psycopg import _queries  # the driver's own cache limits, not copies of them
 
+import worker
 from worker.db.migrate import current_version, latest_version, migrate, require_schema
 from worker.db.sql import parse_named, render, validate_schema_name
 from worker.errors import ConfigError, SchemaMissing
@@ -118,6 +122,21 @@ def test_named_query_files_parse_without_duplicates() -> None:
     assert parsed == {"a": "SELECT 1", "b": "SELECT 2"}
     with pytest.raises(ValueError, match="defined twice"):
         parse_named("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
+
+
+def test_store_statements_fit_the_drivers_statement_cache() -> None:
+    """psycopg converts a statement's placeholders once and caches the result only for statements
+    under 4 kB with at most 50 parameters; a longer one is parsed again on every execution, which
+    a chain's hop paid on its claim. The .sql files keep their comments and indentation, the
+    statements sent do not."""
+    folder = Path(worker.__file__).parent / "store"
+    for path in sorted(folder.glob("*.sql")):
+        for name, text in parse_named(path.read_text()).items():
+            size = len(text.replace("{schema}", '"' + "s" * 63 + '"').encode())
+            assert size <= _queries.MAX_CACHED_STATEMENT_LENGTH, (path.name, name, size)
+            params = set(re.findall(r"%\((\w+)\)s", text))
+            assert len(params) <= _queries.MAX_CACHED_STATEMENT_PARAMS, (path.name, name)
+            assert all(line == line.strip() for line in text.splitlines()), (path.name, name)
 
 
 # -- plans on a large table ------------------------------------------------------------------------
