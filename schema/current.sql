@@ -1482,10 +1482,11 @@ CREATE FUNCTION worker.settle_steps(ids bigint[]) RETURNS integer
     SELECT released FROM "worker".settle_steps_ready(ids);
 $$;
 
--- Name: settle_steps_ready(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: settle_steps_ready(bigint[], text[]); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.settle_steps_ready(ids bigint[], OUT released integer, OUT ready_queues text[]) RETURNS record
+CREATE FUNCTION worker.settle_steps_ready(ids bigint[], quiet text[] DEFAULT '{}'::text[], OUT released integer, OUT ready_queues text[]) RETURNS record
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     parents  bigint[] := ids;
@@ -1574,7 +1575,10 @@ BEGIN
         woken := woken || queues;
         earliest := least(earliest, first_at);
     END LOOP;
-    PERFORM "worker".wake_steps(woken, earliest);
+    -- The caller claims in the quiet queues in this same transaction, and wakes them itself if
+    -- its claim may have left a step behind (see engine.batch).
+    PERFORM "worker".wake_steps(ARRAY(SELECT w FROM unnest(woken) AS w WHERE w <> ALL(quiet)),
+                                earliest);
     ready_queues := ARRAY(SELECT DISTINCT w FROM unnest(woken) AS w);
 END;
 $$;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Iterator
 
 import flows_module as fm
@@ -62,3 +63,80 @@ def test_a_chains_next_step_is_claimed_in_the_commit_that_finished_the_one_befor
     assert [r[2] for r in rows] == [*range(1, 12), None]
     hops = [(nxt[0] - prev[1]).total_seconds() for prev, nxt in itertools.pairwise(rows)]
     assert hops == [0.0] * 11, hops
+
+
+def _queue_notifications(listener: psycopg.Connection, seconds: float) -> list[str]:
+    """The payloads the tasks channel carried to ``listener`` within ``seconds``."""
+    return [n.payload for n in listener.notifies(timeout=seconds)]
+
+
+def test_a_chains_hops_wake_no_worker(
+    recorded: str, pg_dsn: str, conn: psycopg.Connection, thread_worker
+) -> None:
+    """The worker that acknowledges a step claims its successor in the same transaction, so the
+    hop sends no notification: no worker (that one included) wakes for a claim that would find
+    nothing. A listener on the queue channel hears the enqueue of a chain of 12 and nothing
+    after it, while the chain runs to its end."""
+    schema = recorded
+    flow = worker.chain(*[worker.step(fm.add, {"n": 1}, queue="abc"[i % 3]) for i in range(12)])
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{schema}.tasks"')
+        worker.enqueue_workflow(conn, flow, schema=schema)
+        assert _queue_notifications(listener, 0.5), "the enqueue notifies the queue's workers"
+        reg = worker.Registry()
+        reg.task(fm.add.name, max_attempts=3)(fm.add.fn)
+        with thread_worker(reg, concurrency=8, queues=["a", "b", "c"]):
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        f"SELECT count(*) FROM {schema}.tasks WHERE state = 'done'"
+                    ).fetchone()[0]
+                    == 12
+                ),
+                timeout=60,
+            )
+            heard = _queue_notifications(listener, 0.5)
+    assert heard == []
+
+
+def test_steps_a_full_claim_left_behind_wake_the_other_workers(
+    recorded: str, conn: psycopg.Connection, thread_worker
+) -> None:
+    """Two workers with one slot each and a poll interval of a minute; a step whose two
+    dependents sleep 3 s. Whichever worker acknowledges the first step claims one dependent in
+    that transaction (its claim is full) and wakes the queue's workers for the other: the idle
+    worker starts it at once, not after its poll or after the first dependent's 3 s."""
+    schema = recorded
+    flow = worker.Workflow("split")
+    first = flow.add(fm.add, {"n": 1})
+    flow.add(fm.sleep, {"s": 3}, depends_on=[first])
+    flow.add(fm.sleep, {"s": 3}, depends_on=[first])
+    reg = worker.Registry()
+    reg.task(fm.add.name, max_attempts=3)(fm.add.fn)
+    reg.task(fm.sleep.name, max_attempts=3)(fm.sleep.fn)
+    one_slot = {"concurrency": 1, "batch_size": 1, "poll_interval": 60.0, "queues": ["default"]}
+    with thread_worker(reg, **one_slot), thread_worker(reg, **one_slot):
+        time.sleep(1.0)  # both listening, their first claims (over every queue) made
+        ids = worker.enqueue_workflow(conn, flow, schema=schema)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    f"SELECT count(*) FROM {schema}.tasks WHERE workflow_id = %s"
+                    " AND state = 'done'",
+                    (ids.id,),
+                ).fetchone()[0]
+                == 3
+            ),
+            timeout=60,
+        )
+    finished = conn.execute(
+        f"SELECT finished_at FROM {schema}.tasks WHERE id = %s", (ids[first],)
+    ).fetchone()[0]
+    rows = conn.execute(
+        f"SELECT worker_id, started_at FROM {schema}.tasks WHERE workflow_id = %s AND id <> %s",
+        (ids.id, ids[first]),
+    ).fetchall()
+    assert len({r[0] for r in rows}) == 2, "the two dependents ran on both workers"
+    delays = sorted((r[1] - finished).total_seconds() for r in rows)
+    assert delays[0] == 0.0  # claimed by the acknowledging transaction
+    assert delays[1] < 1.5, delays  # woken, not left for the poll or the first one's end

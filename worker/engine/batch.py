@@ -98,6 +98,8 @@ class Batcher:
         self._paced: set[str] = set()
         self._paced_inline: set[str] = set()
         self._pace: store.Pace | None = None
+        # Queues where the last acknowledgement made workflow steps ready (see wake_left).
+        self._readied: list[str] = []
 
     # -- what wakes a claim --------------------------------------------------------------------
 
@@ -164,14 +166,17 @@ class Batcher:
     # -- the statements ------------------------------------------------------------------------
 
     def acknowledge(
-        self, conn: psycopg.Connection, jobs: list[Job]
+        self, conn: psycopg.Connection, jobs: list[Job], *, claim_follows: bool = False
     ) -> tuple[dict[int, str], dict[int, str]]:
         """The done, failed and handed-back jobs, one statement each: ({id: "done" or
         "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
         cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results) take
         a statement of their own, and are announced to waiters; the others' acknowledgement is
         ``complete`` alone. Workflow steps that others wait for carry their result (see
-        engine.runners) and settle their dependents after (``store.settle_steps``)."""
+        engine.runners) and settle their dependents after (``store.settle_steps``). With
+        ``claim_follows``, a claim comes next in this transaction: the queues where steps become
+        ready are not woken now (that claim reads them), and ``wake_left`` wakes them after it if
+        it may have left a ready step behind."""
         done = [
             (j.id, j.attempt)
             for j in jobs
@@ -235,11 +240,38 @@ class Batcher:
         # Workflows: steps that others wait for (known at their claim) settle those in this
         # transaction; a batch of plain tasks skips it.
         steps = [j.id for j in jobs if j.claimed.dependents and j.outcome]
+        self._readied = []
         if steps:
             # The steps made ready here are read by the claim that follows in this transaction:
-            # a chain's next step is claimed in the commit that finished the one before it.
-            self.mark(store.settle_steps(conn, self.q.schema, steps))
+            # a chain's next step is claimed in the commit that finished the one before it,
+            # without waking any worker (this one included) for a claim that would find nothing.
+            quiet = self.queues if claim_follows else []
+            self._readied = store.settle_steps(conn, self.q.schema, steps, quiet=quiet)
+            self.mark(self._readied)
         return kept, states
+
+    def wake_left(self, conn: psycopg.Connection, claim: Claim | None) -> None:
+        """After the claim that follows ``acknowledge(claim_follows=True)``, in the same
+        transaction: wake the workers of the queues where steps became ready unless this claim
+        surely took every ready step there (it read the queue, came back short of its limit, and
+        no limit held the queue back). A paused queue is woken when it is resumed."""
+        readied, self._readied = self._readied, []
+        if not readied:
+            return
+        served = set(self.queues)
+        left = [
+            name
+            for name in readied
+            if name in served
+            and not (
+                claim is not None
+                and len(claim.rows) < claim.limit
+                and name in claim.queues
+                and name not in claim.held
+                and name not in claim.waits
+            )
+        ]
+        store.wake_queues(conn, self.q.schema, left)
 
     def pace_ahead(self, conn: psycopg.Connection, free: int) -> None:
         """Outside the claim's transaction: take the starts of the next claim of the rate-limited

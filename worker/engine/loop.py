@@ -373,9 +373,10 @@ class Worker:
             if claim:
                 self.batcher.pace_ahead(conn, free)  # in a transaction of its own, first
             with self.counted(conn):
-                kept, states = self.batcher.acknowledge(conn, acking)
+                kept, states = self.batcher.acknowledge(conn, acking, claim_follows=claim)
                 if claim:
                     got = self.batcher.claim(conn, free, now)
+                    self.batcher.wake_left(conn, got)
                 self._report_acked(acking, kept, states)
                 if got is not None and got.rows:
                     self.hooks.claimed(self, got.rows)

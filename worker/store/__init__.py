@@ -26,6 +26,7 @@ from .acks import (
     notify_done,
     release,
     settle_steps,
+    wake_queues,
 )
 from .claims import (
     ClaimCursor,
@@ -104,5 +105,6 @@ __all__ = [
     "settle_missed",
     "settle_steps",
     "wake_handed_back",
+    "wake_queues",
     "worker_died",
 ]

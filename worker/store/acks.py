@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from ..db.arrays import PLAN_EACH, int_array
+from ..db.arrays import PLAN_EACH, int_array, text_array
 from .statements import statements
 
 # pg_notify refuses payloads of 8,000 bytes or more; ids are sent in pieces below that.
@@ -204,16 +204,25 @@ def complete_with_result(
     return {r[0]: r[1] for r in rows}
 
 
-def settle_steps(conn: psycopg.Connection, schema: str, ids: Sequence[int]) -> list[str]:
+def settle_steps(
+    conn: psycopg.Connection, schema: str, ids: Sequence[int], *, quiet: Sequence[str] = ()
+) -> list[str]:
     """Workflows: settle the dependents of these just-acknowledged steps (those with dependents
     that ended done, failed or cancelled; the others are passed over), in the caller's
-    transaction. Returns the queues where dependents became runnable."""
+    transaction. Returns the queues where dependents became runnable. Those in ``quiet`` are
+    not woken: the caller claims in them next, and calls ``wake_queues`` for any its claim may
+    have left a ready step in."""
     if not ids:
         return []
-    row = conn.execute(
-        statements(schema)["settle_steps"], {"ids": int_array(ids)}, **PLAN_EACH
-    ).fetchone()
+    params = {"ids": int_array(ids), "quiet": text_array(quiet)}
+    row = conn.execute(statements(schema)["settle_steps"], params, **PLAN_EACH).fetchone()
     return list(row[1] or []) if row else []
+
+
+def wake_queues(conn: psycopg.Connection, schema: str, queues: Sequence[str]) -> None:
+    """Wake the workers of these queues when the caller's transaction commits."""
+    if queues:
+        conn.execute(statements(schema)["wake_queues"], {"queues": text_array(queues)})
 
 
 def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Iterable[int]) -> None:

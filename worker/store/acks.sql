@@ -307,5 +307,12 @@ SELECT r.id, r.attempts, true AS cancel
 -- failed for good or was cancelled ends cancelled, unless its edge says run_on_failure. Run only
 -- for batches that hold such steps: a batch of plain tasks never runs it.
 -- It says in which queues steps became ready (the claim that follows in the transaction reads
--- them).
-SELECT released, ready_queues FROM {schema}.settle_steps_ready(%(ids)s::bigint[]);
+-- them). The queues named `quiet` are not woken: the caller claims in them next, and wakes them
+-- itself (wake_queues) if its claim may have left a ready step behind.
+SELECT released, ready_queues
+  FROM {schema}.settle_steps_ready(%(ids)s::bigint[], %(quiet)s::text[]);
+
+-- name: wake_queues
+-- Wake the workers of these queues at the commit (the notification a new row sends): steps made
+-- ready that the acknowledging worker's own claim did not take.
+SELECT {schema}.wake_steps(%(queues)s::text[], now());
