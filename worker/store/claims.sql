@@ -129,12 +129,14 @@ WITH asked AS (
         %(limit)s - (SELECT count(*) FROM picked)::integer, %(lookahead)s,
         %(pace_queue)s, %(pace_t0)s, %(pace_m)s, %(pace_gap)s, %(pace_burst)s, %(pace_n)s,
         %(pace_wait)s, %(pace_end)s)
-), lim AS (
-    -- The limited rows as two arrays, read once: a per-row look-up in the CTE would compare each
-    -- row with every other (batch x batch). NULL when no limited row was taken, so that the
-    -- unlimited rows below pay nothing for it.
-    SELECT array_agg(l.id) AS ids, array_agg(l.start_at) AS starts
-      FROM limited AS l WHERE l.id IS NOT NULL
+), taken AS (
+    -- Every row this claim takes, with what a limit says of it: the moment it may start (a
+    -- rate's pace) and whether it runs under a limit. A join, not a look-up per row in arrays of
+    -- the batch (that compared each row with every other: a limited claim of 100 rows paid half
+    -- a millisecond for it).
+    SELECT p.id, NULL::timestamptz AS start_at, NULL::boolean AS held FROM picked AS p
+    UNION ALL
+    SELECT l.id, l.start_at, true FROM limited AS l WHERE l.id IS NOT NULL
 ), moved AS (
     UPDATE {schema}.tasks AS t
        SET state = 'in_progress',
@@ -150,15 +152,13 @@ WITH asked AS (
                  WHERE h.task = t.task)),
            worker_id = %(worker_id)s,
            -- A rate limit's pace: the moment the row may start, when later than now.
-           started_at = coalesce(((SELECT starts FROM lim))[array_position((SELECT ids FROM lim),
-                                                                           t.id)],
-                                 now()),
-           limit_held = CASE WHEN array_position((SELECT ids FROM lim), t.id) IS NOT NULL
-                             THEN true END,
+           started_at = coalesce(x.start_at, now()),
+           limit_held = x.held,
            lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-    -- = ANY(ARRAY(...)) makes the planner fetch the taken rows by primary key; a join against
-    -- the CTEs may be planned as a hash join over a scan of the whole table.
-     WHERE t.id = ANY(ARRAY(SELECT id FROM picked) || (SELECT ids FROM lim))
+      FROM taken AS x
+    -- = ANY(ARRAY(...)) makes the planner fetch the taken rows by primary key; a join alone
+    -- may be planned as a hash join over a scan of the whole table.
+     WHERE t.id = ANY(ARRAY(SELECT id FROM taken)) AND t.id = x.id
     -- The payload comes back as text: the worker decodes it per task, outside this transaction,
     -- so a payload the driver cannot decode (nested thousands deep, a number of thousands of
     -- digits) fails its own task instead of this claim. Times the driver cannot represent (rows
@@ -182,8 +182,7 @@ WITH asked AS (
               -- taken ahead of the claim begin late by the claim's own time, which brings more
               -- of them near that bound: at 3% a window by the handlers' clock once held 41
               -- starts under rate 40/s on a machine with a load average of 6).
-              CASE WHEN ((SELECT starts FROM lim))[array_position((SELECT ids FROM lim), t.id)]
-                        IS NOT NULL
+              CASE WHEN x.start_at IS NOT NULL
                    THEN extract(epoch FROM t.started_at - clock_timestamp())::float8
               END AS start_in,
               t.limit_held,
