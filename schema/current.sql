@@ -635,6 +635,9 @@ DECLARE
     pt0      timestamptz;
     burst    integer;
     pend     timestamptz;
+    lo       integer;
+    pos      integer[];
+    ix       integer;
 BEGIN
     ids := '{}';
     start_at := '{}';
@@ -648,23 +651,14 @@ BEGIN
     IF lim.concurrency IS NOT NULL THEN
         -- Free permits, lowest slots first: never held, or held by an attempt that no longer
         -- runs under a live lease. Nothing gives a permit back: the attempt's end does.
+        -- A permit another claim took after this statement's snapshot comes to the lock in its
+        -- new version, with its holder's row as the snapshot has it (not yet running): the view
+        -- counts it as held (taken_by, see free_permits), so no second look is needed.
         permits := ARRAY(
             SELECT p.slot FROM "worker".free_permits AS p
              WHERE p.queue = q AND p.limit_key = '' AND p.slot <= lim.concurrency
              ORDER BY p.slot LIMIT room
                FOR UPDATE SKIP LOCKED);
-        -- Checked again, now that they are locked, by a statement whose snapshot is taken after
-        -- the locks: a permit that another claim took and committed just before this one locked
-        -- it came to the statement above in its new version, but with its new holder's row as
-        -- it was before that claim (not yet running), so it looked free.
-        IF cardinality(permits) > 0 THEN
-            permits := ARRAY(
-                SELECT p.slot FROM "worker".free_permits AS p
-                 WHERE p.queue = q AND p.limit_key = ''
-                   AND p.slot BETWEEN permits[1] AND permits[cardinality(permits)]
-                   AND array_position(permits, p.slot) IS NOT NULL
-                 ORDER BY p.slot);
-        END IF;
         -- Rows running under the limit that hold no permit (written by hand, or from before
         -- permits) count too: never more running than the limit, whatever the permits say.
         room := least(cardinality(permits), lim.concurrency - (
@@ -848,18 +842,25 @@ BEGIN
         -- update stays on its page (a heap-only tuple), however often permits turn over.
         -- The permits taken are the lowest free ones: one short range of the primary key (each
         -- key of `= ANY(used)` would be a descent of its own, several times slower).
+        -- Each permit finds its row through `pos` (slot - lo + 1 -> its place in `used`): one
+        -- array look-up per permit, not a search of the batch (batch x batch comparisons).
         used := permits[1:cardinality(ids)];
+        lo := used[1];
+        pos := array_fill(NULL::integer, ARRAY[used[cardinality(used)] - lo + 1]);
+        FOR ix IN 1..cardinality(used) LOOP
+            pos[used[ix] - lo + 1] := ix;
+        END LOOP;
         UPDATE "worker".limit_permits AS p
-           SET task_id = ids[array_position(used, p.slot)],
-               attempt = atts[array_position(used, p.slot)]
+           SET task_id = ids[pos[p.slot - lo + 1]],
+               attempt = atts[pos[p.slot - lo + 1]],
+               taken_by = pg_current_xact_id()
          WHERE p.queue = q AND p.limit_key = ''
-           AND p.slot BETWEEN (SELECT min(u) FROM unnest(used) AS u)
-                          AND (SELECT max(u) FROM unnest(used) AS u)
-           AND array_position(used, p.slot) IS NOT NULL;
+           AND p.slot BETWEEN lo AND used[cardinality(used)]
+           AND pos[p.slot - lo + 1] IS NOT NULL;
     END IF;
     IF lim.key_concurrency IS NOT NULL AND cardinality(ids) > 0 THEN
         UPDATE "worker".limit_permits AS p
-           SET task_id = x.id, attempt = x.att
+           SET task_id = x.id, attempt = x.att, taken_by = pg_current_xact_id()
           FROM unnest(rowslots, rowkeys, ids, atts) AS x(slot, k, id, att)
          WHERE x.slot IS NOT NULL AND p.queue = q AND p.limit_key = x.k AND p.slot = x.slot;
     END IF;
@@ -1622,18 +1623,12 @@ CREATE FUNCTION worker.take_key_permit(q text, k text, c integer, mine integer[]
 DECLARE
     got integer;
 BEGIN
-    LOOP
-        SELECT p.slot INTO got FROM "worker".free_permits AS p
-         WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
-         ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
-        EXIT WHEN NOT FOUND;
-        -- Checked again now that it is locked (see the same check in claim_limited_rows).
-        IF EXISTS (SELECT 1 FROM "worker".free_permits AS p
-                    WHERE p.queue = q AND p.limit_key = k AND p.slot = got) THEN
-            RETURN got;
-        END IF;
-        mine := mine || got;
-    END LOOP;
+    SELECT p.slot INTO got FROM "worker".free_permits AS p
+     WHERE p.queue = q AND p.limit_key = k AND p.slot <= c AND p.slot <> ALL(mine)
+     ORDER BY p.slot LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN got;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM "worker".limit_permits AS p
                     WHERE p.queue = q AND p.limit_key = k) THEN
         BEGIN
@@ -1952,7 +1947,8 @@ CREATE TABLE worker.limit_permits (
     limit_key text DEFAULT ''::text NOT NULL,
     slot integer NOT NULL,
     task_id bigint,
-    attempt integer
+    attempt integer,
+    taken_by xid8
 )
 WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='2000');
 
@@ -2006,9 +2002,9 @@ CREATE VIEW worker.free_permits AS
     limit_key,
     slot
    FROM worker.limit_permits p
-  WHERE ((task_id IS NULL) OR (NOT COALESCE(( SELECT ((t.attempts = p.attempt) AND (t.state = 'in_progress'::worker.task_state) AND (t.lease_expires_at >= now()))
+  WHERE ((task_id IS NULL) OR (((taken_by IS NULL) OR pg_visible_in_snapshot(taken_by, pg_current_snapshot())) AND (NOT COALESCE(( SELECT ((t.attempts = p.attempt) AND (t.state = 'in_progress'::worker.task_state) AND (t.lease_expires_at >= now()))
            FROM worker.tasks t
-          WHERE (t.id = p.task_id)), false)));
+          WHERE (t.id = p.task_id)), false))));
 
 -- Name: history_slots; Type: TABLE; Schema: worker; Owner: -
 

@@ -809,18 +809,20 @@ def test_permits_carry_no_index_a_claim_would_change(schema: str, conn: psycopg.
     assert vacuums == 1
 
 
+@pytest.mark.parametrize("limit", ["concurrency", "key_concurrency"])
 def test_claims_racing_for_the_same_permits_never_exceed_the_limit(
-    pg_dsn: str, schema: str, conn: psycopg.Connection
+    pg_dsn: str, schema: str, conn: psycopg.Connection, limit: str
 ) -> None:
-    """Six connections claim one task at a time from a queue limited to 2, acknowledge it at
-    once and claim again, until each has held 200: permits change hands 1,200 times, often
-    between one claim's snapshot and its lock. Each holder records, by the database clock, a
-    moment after its claim committed and one before its acknowledgement; no three such spans
-    ever overlap."""
+    """Six connections claim one task at a time from a queue limited to 2 (or whose one key is),
+    acknowledge it at once and claim again, until each has held 200: permits change hands 1,200
+    times, often between one claim's snapshot and its lock. Each holder records, by the database
+    clock, a moment after its claim committed and one before its acknowledgement; no three such
+    spans ever overlap."""
     _tables(conn, schema)
-    conn.execute(f"SELECT {schema}.set_queue_limit('q', concurrency => 2)")
+    conn.execute(f"SELECT {schema}.set_queue_limit('q', {limit} => 2)")
     conn.execute(
-        f"INSERT INTO {schema}.tasks (task, queue) SELECT 't', 'q' FROM generate_series(1, 30000)"
+        f"INSERT INTO {schema}.tasks (task, queue, limit_key)"
+        " SELECT 't', 'q', 'k' FROM generate_series(1, 30000)"
     )
     held: list[int] = []
 
