@@ -8,7 +8,9 @@
 -- transaction that took it last (taken_by), and a permit taken by a transaction this snapshot
 -- does not see is held, whatever its holder's row says: the first look is right by itself.
 -- A claim also wrote its permits with a search of the batch per permit (batch x batch
--- comparisons); it now finds each permit's row with one array look-up.
+-- comparisons); it now finds each permit's row with one array look-up. And the rows of a queue
+-- limited by a rate alone are no longer marked limit_held: that mark is what a concurrency
+-- limit counts, and it cost each such row an entry in tasks_limit_running_idx.
 --
 -- {schema} stands for the configured schema name, quoted by the migrator; nothing else is
 -- substituted.
@@ -336,6 +338,64 @@ BEGIN
     END IF;
     IF wait_seconds >= 1e9 THEN
         wait_seconds := NULL;
+    END IF;
+END;
+$$;
+
+
+-- The claim of the limited queues (see 0024). A row it takes comes with `held` true when it
+-- holds a place under a concurrency limit (the queue's or its keys'): the claim marks those
+-- limit_held, and tasks_limit_running_idx counts them. A row of a queue limited by rates alone
+-- comes with NULL: it costs no entry in that index. (A queue held back comes as a row without an
+-- id, as before.)
+CREATE OR REPLACE FUNCTION {schema}.claim_limited_batch(
+    queues text[], want integer, lookahead double precision DEFAULT 0.5,
+    pace_queue text DEFAULT NULL, pace_t0 timestamptz DEFAULT NULL,
+    pace_m timestamptz DEFAULT NULL, pace_gap double precision DEFAULT NULL,
+    pace_burst integer DEFAULT NULL, pace_n integer DEFAULT NULL,
+    pace_wait double precision DEFAULT NULL, pace_end timestamptz DEFAULT NULL
+) RETURNS TABLE (id bigint, start_at timestamptz, queue text, wait_seconds double precision,
+                 held boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    q     text;
+    holds boolean;
+    rest  integer := want;
+    r     record;
+    paced boolean := false;
+BEGIN
+    IF want > 0 AND cardinality(queues) > 0 THEN
+        FOR q, holds IN
+                 SELECT l.queue, l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL
+                   FROM {schema}.queue_limits AS l
+                  WHERE l.queue = ANY(queues)
+                    AND NOT EXISTS (SELECT 1 FROM {schema}.paused_queues AS p
+                                     WHERE p.queue = l.queue)
+                  ORDER BY l.queue
+        LOOP
+            EXIT WHEN rest <= 0;
+            IF q = pace_queue THEN
+                paced := true;
+                SELECT * INTO r FROM {schema}.claim_limited_rows(
+                    q, rest, lookahead, pace_t0, pace_m, pace_gap, pace_burst, pace_n, pace_wait,
+                    pace_end);
+            ELSE
+                SELECT * INTO r FROM {schema}.claim_limited_rows(q, rest, lookahead);
+            END IF;
+            RETURN QUERY SELECT x.id, x.s, q, NULL::double precision,
+                                CASE WHEN holds THEN true END
+                           FROM unnest(r.ids, r.start_at) AS x(id, s);
+            rest := rest - cardinality(r.ids);
+            IF r.held OR r.wait_seconds IS NOT NULL THEN
+                RETURN QUERY SELECT NULL::bigint, NULL::timestamptz, q, r.wait_seconds, r.held;
+            END IF;
+        END LOOP;
+    END IF;
+    IF NOT paced AND pace_n > 0 THEN
+        -- The queue paced ahead was not reached (the batch filled first, or it was paused):
+        -- its starts go back.
+        PERFORM {schema}.give_back_pace(pace_queue, pace_m, make_interval(secs => pace_gap), 0,
+                                        pace_end);
     END IF;
 END;
 $$;

@@ -564,12 +564,15 @@ CREATE FUNCTION worker.claim_limited_batch(queues text[], want integer, lookahea
     AS $$
 DECLARE
     q     text;
+    holds boolean;
     rest  integer := want;
     r     record;
     paced boolean := false;
 BEGIN
     IF want > 0 AND cardinality(queues) > 0 THEN
-        FOR q IN SELECT l.queue FROM "worker".queue_limits AS l
+        FOR q, holds IN
+                 SELECT l.queue, l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL
+                   FROM "worker".queue_limits AS l
                   WHERE l.queue = ANY(queues)
                     AND NOT EXISTS (SELECT 1 FROM "worker".paused_queues AS p
                                      WHERE p.queue = l.queue)
@@ -584,7 +587,8 @@ BEGIN
             ELSE
                 SELECT * INTO r FROM "worker".claim_limited_rows(q, rest, lookahead);
             END IF;
-            RETURN QUERY SELECT x.id, x.s, q, NULL::double precision, NULL::boolean
+            RETURN QUERY SELECT x.id, x.s, q, NULL::double precision,
+                                CASE WHEN holds THEN true END
                            FROM unnest(r.ids, r.start_at) AS x(id, s);
             rest := rest - cardinality(r.ids);
             IF r.held OR r.wait_seconds IS NOT NULL THEN

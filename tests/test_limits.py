@@ -30,6 +30,7 @@ from worker.db.migrate import migrations
 from worker.db.sql import render
 from worker.engine.vacuum import VacuumConfig, Vacuumer
 from worker.monitor.server import serve
+from worker.tasks.limits import list_limits
 
 
 def _claim(conn: psycopg.Connection, schema: str, queues: list[str], want: int) -> list:
@@ -482,6 +483,31 @@ def test_priority_holds_inside_a_limit(schema: str, conn: psycopg.Connection) ->
     )
     rows = _claim(conn, schema, ["q"], 10)
     assert [r.task for r in rows] == ["a-top", "c-high"]
+
+
+def test_only_rows_under_a_concurrency_limit_hold_a_place_and_the_listing_counts_every_queue(
+    schema: str, conn: psycopg.Connection
+) -> None:
+    """Rows claimed under a concurrency limit (the queue's or its keys') are marked as holding a
+    place (limit_held), which the limit counts; rows of a queue limited by a rate alone are not
+    (no index entry per row for a mark nothing counts), and `worker limits` still says how many
+    of them run."""
+    conn.execute(f"SELECT {schema}.set_queue_limit('conc', concurrency => 10)")
+    conn.execute(f"SELECT {schema}.set_queue_limit('keyed', key_concurrency => 10)")
+    conn.execute(f"SELECT {schema}.set_queue_limit('paced', rate => 1000, rate_seconds => 1)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, limit_key) SELECT 't', q, 'k'"
+        " FROM unnest(ARRAY['conc', 'keyed', 'paced', 'open']) AS q, generate_series(1, 3)"
+    )
+    assert len(_claim(conn, schema, ["conc", "keyed", "paced", "open"], 20)) == 12
+    marks = dict(
+        conn.execute(
+            f"SELECT queue, array_agg(DISTINCT limit_held) FROM {schema}.tasks GROUP BY queue"
+        ).fetchall()
+    )
+    assert marks == {"conc": [True], "keyed": [True], "paced": [None], "open": [None]}
+    running = {q.queue: q.running for q in list_limits(conn, schema)}
+    assert running == {"conc": 3, "keyed": 3, "paced": 3}
 
 
 def test_a_slot_frees_when_its_lease_expires_before_rescue(

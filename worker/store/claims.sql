@@ -131,12 +131,14 @@ WITH asked AS (
         %(pace_wait)s, %(pace_end)s)
 ), taken AS (
     -- Every row this claim takes, with what a limit says of it: the moment it may start (a
-    -- rate's pace) and whether it runs under a limit. A join, not a look-up per row in arrays of
-    -- the batch (that compared each row with every other: a limited claim of 100 rows paid half
-    -- a millisecond for it).
-    SELECT p.id, NULL::timestamptz AS start_at, NULL::boolean AS held FROM picked AS p
+    -- rate's pace), whether a limit took it, and whether it holds a place under a concurrency
+    -- limit (limit_held, which the limit counts; a queue limited by a rate alone pays no index
+    -- entry per row for it). A join, not a look-up per row in arrays of the batch (that
+    -- compared each row with every other: a limited claim of 100 rows paid half a millisecond).
+    SELECT p.id, NULL::timestamptz AS start_at, false AS limited, NULL::boolean AS held
+      FROM picked AS p
     UNION ALL
-    SELECT l.id, l.start_at, true FROM limited AS l WHERE l.id IS NOT NULL
+    SELECT l.id, l.start_at, true, l.held FROM limited AS l WHERE l.id IS NOT NULL
 ), moved AS (
     UPDATE {schema}.tasks AS t
        SET state = 'in_progress',
@@ -185,7 +187,7 @@ WITH asked AS (
               CASE WHEN x.start_at IS NOT NULL
                    THEN extract(epoch FROM t.started_at - clock_timestamp())::float8
               END AS start_in,
-              t.limit_held,
+              x.limited,
               -- Workflows (schema/0022): whether others wait for this step (its acknowledgement
               -- then settles them), the results of the steps it waited for, and its workflow.
               t.dependents IS TRUE AS dependents, t.inputs::text AS inputs, t.workflow_id
@@ -195,7 +197,7 @@ SELECT m.id, m.task, m.payload, m.attempts, m.max_attempts, m.queue, m.priority,
        CASE WHEN m.start_in IS NOT NULL
             THEN (SELECT 0.02 * least(ql.rate_seconds, ql.key_rate_seconds)
                     FROM {schema}.queue_limits AS ql WHERE ql.queue = m.queue) END AS slack,
-       coalesce(m.limit_held, false) AS limited, NULL::double precision AS wait_seconds,
+       m.limited, NULL::double precision AS wait_seconds,
        NULL::boolean AS held, m.dependents, m.inputs, m.workflow_id
   FROM moved AS m
 UNION ALL

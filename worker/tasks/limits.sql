@@ -15,17 +15,27 @@ SELECT {schema}.set_queue_limit(
 SELECT {schema}.clear_queue_limit(queue => %(queue)s) AS changed;
 
 -- name: limits
--- Every limited queue with what it holds now: `running` (rows claimed under the limit and still
--- running, leases not expired), `waiting` (queued and due), the starts inside the queue's rate
--- window (the current period's) and the keys among the running. Counts stop at %(cap)s (a bounded read of the indexes
--- whatever the backlog). At most %(limit)s queues, by name.
+-- Every limited queue with what it holds now: `running` (rows running, leases not expired:
+-- those that hold a place under a concurrency limit, or, in a queue limited by rates alone,
+-- every running row of the queue, read through the running rows' index), `waiting` (queued and
+-- due), the starts inside the queue's rate window (the current period's) and the keys among the
+-- running. Counts stop at %(cap)s (a bounded read of the indexes whatever the backlog). At most
+-- %(limit)s queues, by name.
 SELECT l.queue, l.concurrency, l.key_concurrency, l.rate, l.rate_seconds, l.key_rate,
        l.key_rate_seconds, l.source, l.updated_by, l.updated_at,
-       (SELECT count(*) FROM (
-           SELECT 1 FROM {schema}.tasks AS t
-            WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
-              AND t.lease_expires_at >= now()
-            LIMIT %(cap)s) AS r) AS running,
+       CASE WHEN l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL THEN
+           (SELECT count(*) FROM (
+               SELECT 1 FROM {schema}.tasks AS t
+                WHERE t.queue = l.queue AND t.state = 'in_progress' AND t.limit_held
+                  AND t.lease_expires_at >= now()
+                LIMIT %(cap)s) AS r)
+       ELSE
+           (SELECT count(*) FROM (
+               SELECT 1 FROM {schema}.tasks AS t
+                WHERE t.queue = l.queue AND t.state = 'in_progress'
+                  AND t.lease_expires_at >= now()
+                LIMIT %(cap)s) AS r)
+       END AS running,
        (SELECT count(*) FROM (
            SELECT 1 FROM {schema}.tasks AS t
             WHERE t.queue = l.queue AND t.state = 'queued' AND t.run_at <= now()
