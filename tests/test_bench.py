@@ -230,6 +230,7 @@ MINUTE_FIELDS = {
     "backlog",
     "heap_mb",
     "index_mb",
+    "history_mb",
     "total_mb",
     "total_bytes",
     "dead_rows",
@@ -260,6 +261,7 @@ def test_a_short_soak_reports_each_minute_and_its_verdicts(pg_dsn: str) -> None:
     assert s["drain_per_s"] > 0 and s["share"] == 0.02
     assert s["rate_per_s"] == pytest.approx(0.02 * s["drain_per_s"], rel=0.01, abs=0.1)
     assert s["keep_done"] == 3600  # the worker's default retention
+    assert s["keep_history"] is False
     assert s["settings"]["autovacuum"] in ("on", "off")
     assert "autovacuum_vacuum_threshold" in s["settings"]["table_options"]
     minutes = s["minutes"]
@@ -282,6 +284,8 @@ def test_a_short_soak_reports_each_minute_and_its_verdicts(pg_dsn: str) -> None:
         assert 100 < m["wal_bytes_per_task"] < 1_000_000
         cpu = m["db_cpu_ms_per_task"]
         assert cpu is None or cpu > 0  # None only when the server is not on this machine
+    # Without --keep-history nothing reaches the history (its empty partitions' indexes).
+    assert len({m["history_mb"] for m in minutes}) == 1 and minutes[0]["history_mb"] < 1
     # Nothing is purged within the hour kept: the table only grows.
     sizes = [m["total_bytes"] for m in minutes]
     assert sizes == sorted(sizes)
@@ -314,6 +318,28 @@ def test_a_short_soak_reports_each_minute_and_its_verdicts(pg_dsn: str) -> None:
             "SELECT count(*) FROM pg_namespace WHERE nspname = 'worker_bench'"
         ).fetchone()[0]
     assert left == 0
+
+
+def test_a_soak_with_the_history_keeps_done_tasks_out_of_the_task_table(pg_dsn: str) -> None:
+    """With --keep-history the worker moves each done task to the history as it acknowledges
+    it: every minute's tasks are still read (through task_rows), the history grows with them,
+    and the task table keeps only what is live (a few rows), however many tasks ran."""
+    flags = ("--soak", "2", "--soak-minute-seconds", "4", "--soak-share", "0.02")
+    r = run_cli(
+        "bench", "--dsn", pg_dsn, *flags, "--tasks", "1000", "--concurrency", "20",
+        "--keep-history", "--json", timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout)["soak"]
+    assert s["keep_history"] is True
+    minutes = s["minutes"]
+    assert len(minutes) == 2
+    for m in minutes:
+        assert m["tasks"] > 0 and m["sampled"] == m["tasks"]
+        _latency_sane(m)
+    assert minutes[0]["history_mb"] < minutes[1]["history_mb"]
+    ran = sum(m["tasks"] for m in minutes)
+    assert minutes[-1]["live_rows"] < ran / 2, (minutes[-1]["live_rows"], ran)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ retention, and retention empties whole slots (``rotate_history``) instead of del
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -11,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import every_statement, wait_until
+from conftest import every_statement, run_cli, wait_until
 
 import worker
 from worker import store
@@ -373,3 +374,22 @@ def test_a_heartbeat_racing_the_move_does_not_call_the_row_lost(
         conn, schema, worker_id=WORKER, tasks=[(moved, 1), (rescued, 1)], lease_seconds=30
     )
     assert beat.lost == {(rescued, 1)}
+
+
+def test_worker_run_keep_history_moves_what_its_processes_complete(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """`worker run --keep-history` (two processes, so the flag reaches the supervisor's
+    children): every task it completes leaves the task table for the history, and `worker
+    status --id` still finds one."""
+    ids = [worker.enqueue(conn, "noop", {"i": i}, schema=schema) for i in range(40)]
+    r = run_cli(
+        "run", "tasks_module", "--burst", "--processes", "2", "--keep-history",
+        "--dsn", pg_dsn, "--schema", schema, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert conn.execute(f"SELECT count(*) FROM {schema}.tasks").fetchone()[0] == 0
+    assert {_where(conn, schema, i) for i in ids} == {(None, "done")}
+    shown = run_cli("status", "--id", str(ids[0]), "--json", "--dsn", pg_dsn, "--schema", schema)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "done"

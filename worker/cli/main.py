@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to keep done rows (0: delete on completion; default 3600)",
     )
     p.add_argument(
+        "--keep-history",
+        action="store_true",
+        help="a plain task that ends done leaves the task table at its acknowledgement, for a "
+        "history emptied a slice at a time (read finished tasks from worker.task_rows)",
+    )
+    p.add_argument(
         "--otel",
         action="store_true",
         help="trace every run with OpenTelemetry (needs the otel extra; also WORKER_OTEL=1)",

@@ -125,6 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         listen_dsn=args.listen_dsn,
         keep_done_seconds=args.keep_done,
         keep_failed_seconds=args.keep_failed,
+        keep_history=args.keep_history,
         store_results=args.store_results,
         max_result_bytes=args.max_result_size,
         burst=args.burst,

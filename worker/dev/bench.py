@@ -98,6 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="worker's --keep-done (0 deletes rows on completion, in the ceiling too)",
     )
     p.add_argument(
+        "--keep-history",
+        action="store_true",
+        help="worker's --keep-history (done tasks leave the task table for the history)",
+    )
+    p.add_argument(
         "--finished",
         type=rows,
         default=0,

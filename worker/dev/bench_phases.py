@@ -110,6 +110,7 @@ def worker_command(
         str(args.keep_done if keep_done is None else keep_done),
         "--log-level",
         "WARNING",
+        *(["--keep-history"] if getattr(args, "keep_history", False) else []),
         *extra,
     ]
     if args.metrics:

@@ -8,7 +8,8 @@ the soak has begun. Each minute it reads:
 
 - enqueue to claim, p50 and p99, from the database clock on both ends (as the light-load phases
   do), over every n-th task enqueued in that minute (at most SAMPLE of them, by primary key);
-- the task table's heap and index sizes, its dead row versions (pg_stat_user_tables), and the
+- the task table's heap and index sizes, the history's size (with --keep-history, the done
+  tasks that left the task table), the task table's dead row versions (pg_stat_user_tables), the
   vacuums of the minute: autovacuum's and the others' (the worker's own VACUUM) from the
   statistics' counts, and how long each ran from pg_stat_progress_vacuum sampled every half
   second (so a run shorter than that is counted but may show no duration);
@@ -140,6 +141,7 @@ def _minute_row(
         "index_mb": round(after["index_bytes"] / mb, 1),
         "total_mb": round(after["total_bytes"] / mb, 1),
         "total_bytes": after["total_bytes"],
+        "history_mb": round(after["history_bytes"] / mb, 1),
         "dead_rows": after["dead_rows"],
         "live_rows": after["live_rows"],
         "autovacuum_runs": after["autovacuums"] - before["autovacuums"],
@@ -230,6 +232,7 @@ def soak(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> dict[s
         "processes": args.processes,
         "concurrency": args.concurrency,
         "keep_done": args.keep_done,
+        "keep_history": args.keep_history,
         "settings": settings,
         "minutes": rows,
         "blocks": blocks(rows, waits),

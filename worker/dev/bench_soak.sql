@@ -11,12 +11,12 @@ SELECT currval(pg_get_serial_sequence(format('%%I.tasks', %(schema)s::text), 'id
 -- Enqueue to claim, in milliseconds, of every %(step)s-th task with an id in (%(lo)s, %(hi)s],
 -- from the database clock on both ends (created_at: the producer's transaction; started_at: the
 -- claim's). A task not claimed yet counts as waiting until now (a lower bound: a backlog shows),
--- and says so.
+-- and says so. Finished tasks may be in the history (--keep-history): read through task_rows.
 SELECT extract(epoch FROM coalesce(t.started_at, statement_timestamp()) - t.created_at)
            * 1000 AS ms,
        t.started_at IS NULL AS unclaimed
   FROM generate_series(%(lo)s::bigint + 1, %(hi)s::bigint, %(step)s::bigint) AS g(id)
-  JOIN {schema}.tasks AS t ON t.id = g.id;
+  JOIN {schema}.task_rows AS t ON t.id = g.id;
 
 -- name: soak_first_id
 -- The last id handed out before the soak (0 if none): its first minute starts after it.
@@ -34,7 +34,11 @@ SELECT pg_relation_size(s.relid) AS heap_bytes,
        s.autovacuum_count AS autovacuums,
        s.vacuum_count AS vacuums,
        s.autoanalyze_count AS autoanalyzes,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes,
+       -- The history's partitions (--keep-history), heap, indexes and TOAST.
+       (SELECT coalesce(sum(pg_total_relation_size(h.relid)), 0)::bigint
+          FROM pg_partition_tree(format('%%I.task_history', %(schema)s::text)::regclass) AS h)
+           AS history_bytes
   FROM pg_stat_user_tables AS s
  WHERE s.relid = format('%%I.tasks', %(schema)s::text)::regclass;
 

@@ -90,6 +90,7 @@ _COLUMNS = (
     ("p99 ms", "p99_ms", "{:.1f}"),
     ("heap MB", "heap_mb", "{:,.1f}"),
     ("index MB", "index_mb", "{:,.1f}"),
+    ("hist MB", "history_mb", "{:,.1f}"),
     ("dead rows", "dead_rows", "{:,}"),
     ("autovac", "autovacuum_runs", "{}"),
     ("av s", "autovacuum_seconds", "{:.1f}"),

@@ -256,21 +256,10 @@ class Batcher:
         surely took every ready step there (it read the queue, came back short of its limit, and
         no limit held the queue back). A paused queue is woken when it is resumed."""
         readied, self._readied = self._readied, []
-        if not readied:
-            return
-        served = set(self.queues)
-        left = [
-            name
-            for name in readied
-            if name in served
-            and not (
-                claim is not None
-                and len(claim.rows) < claim.limit
-                and name in claim.queues
-                and name not in claim.held
-                and name not in claim.waits
-            )
-        ]
+        drained = set()
+        if claim is not None and len(claim.rows) < claim.limit:
+            drained = set(claim.queues) - claim.held - set(claim.waits)
+        left = [name for name in readied if name in self._served and name not in drained]
         store.wake_queues(conn, self.q.schema, left)
 
     def pace_ahead(self, conn: psycopg.Connection, free: int) -> None:

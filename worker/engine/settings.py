@@ -22,8 +22,9 @@ class WorkerConfig:
     keep_done_seconds: float = 3600.0  # 0: delete rows as they complete
     keep_failed_seconds: float = 7 * 86400.0
     # Done rows leave the task table at their acknowledgement for the history (schema/0025),
-    # which retention empties a slice at a time. Off until every reader of finished rows reads
-    # the history too (reads by id do: task_rows).
+    # which retention empties a slice at a time (`worker run --keep-history`). Every reader of
+    # finished rows in the package reads both; off by default, because a query of the user's own
+    # that reads finished tasks from `tasks` would miss them (`task_rows` has both).
     keep_history: bool = False
     cron_keep_seconds: float = 86400.0
     purge_interval: float = 60.0
