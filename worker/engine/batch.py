@@ -256,7 +256,7 @@ class Batcher:
         surely took every ready step there (it read the queue, came back short of its limit, and
         no limit held the queue back). A paused queue is woken when it is resumed."""
         readied, self._readied = self._readied, []
-        drained = set()
+        drained: set[str] = set()
         if claim is not None and len(claim.rows) < claim.limit:
             drained = set(claim.queues) - claim.held - set(claim.waits)
         left = [name for name in readied if name in self._served and name not in drained]
