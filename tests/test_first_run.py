@@ -272,7 +272,12 @@ def test_one_embedded_server_per_user(
         # Stopping with no worker attached: no warning; a read-only command does not restart it.
         r = user.cli("embedded", "stop", cwd=user.b)
         assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert "stopped the embedded PostgreSQL" in r.stdout
         assert not user.server.is_running()
+        # Again: nothing to stop, and it says so instead of "stopped".
+        r = user.cli("embedded", "stop", cwd=user.b)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert "is not running" in r.stdout and "stopped" not in r.stdout, r.stdout
         no_dsn(monkeypatch, user.xdg)
         monkeypatch.chdir(user.b)
         code, _, err = main_in_process("status")

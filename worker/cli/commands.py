@@ -335,8 +335,11 @@ def _embedded(args: argparse.Namespace) -> int:
     data_dir = default_data_dir()
     server = EmbeddedPostgres(data_dir)
     if args.action == "stop":
-        if server.is_running():
-            _warn_attached_workers(server.dsn)
+        if not server.is_running():
+            # Stopping a stopped server is done already: say so, not "stopped".
+            print(f"the embedded PostgreSQL in {data_dir} is not running")
+            return 0
+        _warn_attached_workers(server.dsn)
         server.stop()
         print(f"stopped the embedded PostgreSQL in {data_dir}")
     elif args.action == "start":
