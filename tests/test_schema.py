@@ -258,7 +258,6 @@ def test_promote_and_behind_plans_read_their_indexes(
         "complete_delete",
         "complete_with_result",
         "complete_move",
-        "complete_move_with_result",
         "task_outcomes",
         "release",
         "heartbeat",

@@ -56,11 +56,18 @@ def complete(
     if not done:
         return {}
     ids, attempts = zip(*done, strict=True)
-    params = {"ids": int_array(ids), "attempts": int_array(attempts), "worker_id": worker_id}
+    params: dict[str, str | None] = {
+        "ids": int_array(ids),
+        "attempts": int_array(attempts),
+        "worker_id": worker_id,
+    }
     if not delete and not move:
         return dict(conn.execute(statements(schema)["complete"], params, **PLAN_EACH).fetchall())
-    name = "complete_delete" if delete else "complete_move"
-    gone = conn.execute(statements(schema)[name], params, **PLAN_EACH).fetchall()
+    if delete:
+        gone = conn.execute(statements(schema)["complete_delete"], params, **PLAN_EACH).fetchall()
+    else:
+        params["results"] = None  # nothing to store: each row keeps its own (see complete_move)
+        gone = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
     kept = {r[0]: "done" for r in gone}
     if len(kept) < len(ids):
         # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
@@ -192,9 +199,7 @@ def complete_with_result(
     }
     kept: dict[int, str] = {}
     if move:
-        moved = conn.execute(
-            statements(schema)["complete_move_with_result"], params, **PLAN_EACH
-        ).fetchall()
+        moved = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
         kept = {r[0]: "done" for r in moved}
         if len(kept) == len(ids):
             return kept

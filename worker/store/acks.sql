@@ -89,44 +89,13 @@ SELECT id FROM acked;
 -- (schema/0025): a plain task that ends 'done' leaves the claim table in this statement, deleted
 -- from `tasks` and written to the history's current slot, where retention empties whole slots
 -- instead of deleting rows. A row is in exactly one of the two tables in any snapshot, and
--- `task_rows` reads both. Left to `complete`, as in `complete_delete`: cron rows (their slot must
--- stay taken), rows with a cancel request (they end 'cancelled') and workflow steps (their edges
--- and their workflow go with them at retention; settle_steps reads the ones others wait for).
--- A statement that waits for one of these rows' locks while it moves (a rescue, a cancel, a
--- heartbeat) finds it deleted and passes over it, as with `complete_delete`.
-WITH gone AS (
-    DELETE FROM {schema}.tasks AS t
-     USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
-       AND t.worker_id = %(worker_id)s
-       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
-       AND t.cron_key IS NULL
-       AND t.cancel_requested_at IS NULL
-       AND t.workflow_id IS NULL
-       AND t.dependents IS NOT TRUE
-    RETURNING t.*
-), moved AS (
-    INSERT INTO {schema}.task_history (id, queue, task, payload, priority, run_at, attempts, max_attempts,
-                                       last_error, dedupe_key, cron_key, cron_at, worker_id,
-                                       created_at, started_at, handed_back, errors,
-                                       cancel_requested_at, cancelled_by, result, trace_context,
-                                       limit_key, limit_held, workflow_id, pending_deps,
-                                       dependents, inputs, state, finished_at, slot)
-    SELECT g.id, g.queue, g.task, g.payload, g.priority, g.run_at, g.attempts, g.max_attempts,
-           g.last_error, g.dedupe_key, g.cron_key, g.cron_at, g.worker_id, g.created_at,
-           g.started_at, g.handed_back, g.errors, g.cancel_requested_at, g.cancelled_by,
-           g.result, g.trace_context, g.limit_key, g.limit_held, g.workflow_id, g.pending_deps,
-           g.dependents, g.inputs, 'done', now(),
-           (SELECT h.slot FROM {schema}.history_slots AS h WHERE h.state = 'current')
-      FROM gone AS g
-    RETURNING id
-)
-SELECT id FROM moved;
-
--- name: complete_move_with_result
--- `complete_move` for rows whose handler returned a result to store (see complete_with_result):
--- the same rows move, each with its result; the others are left to `complete_with_result`.
+-- `task_rows` reads both. Left to `complete` (or `complete_with_result`), as in
+-- `complete_delete`: cron rows (their slot must stay taken), rows with a cancel request (they end
+-- 'cancelled') and workflow steps (their edges and their workflow go with them at retention;
+-- settle_steps reads the ones others wait for). A statement that waits for one of these rows'
+-- locks while it moves (a rescue, a cancel, a heartbeat) finds it deleted and passes over it, as
+-- with `complete_delete`. %(results)s: each row's result to store, as complete_with_result has
+-- them; NULL for rows whose handler stored none (the row keeps its own, as `complete` does).
 WITH gone AS (
     DELETE FROM {schema}.tasks AS t
      USING unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
@@ -150,8 +119,8 @@ WITH gone AS (
     SELECT g.id, g.queue, g.task, g.payload, g.priority, g.run_at, g.attempts, g.max_attempts,
            g.last_error, g.dedupe_key, g.cron_key, g.cron_at, g.worker_id, g.created_at,
            g.started_at, g.handed_back, g.errors, g.cancel_requested_at, g.cancelled_by,
-           g.stored::jsonb, g.trace_context, g.limit_key, g.limit_held, g.workflow_id,
-           g.pending_deps, g.dependents, g.inputs, 'done', now(),
+           coalesce(g.stored::jsonb, g.result), g.trace_context, g.limit_key, g.limit_held,
+           g.workflow_id, g.pending_deps, g.dependents, g.inputs, 'done', now(),
            (SELECT h.slot FROM {schema}.history_slots AS h WHERE h.state = 'current')
       FROM gone AS g
     RETURNING id
