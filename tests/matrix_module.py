@@ -4,10 +4,11 @@ workers (tests/django_site/matrix_tasks.py records its runs with ``record_run`` 
 
 Every run writes a row to the schema's ``mx_runs`` table when its handler starts and updates it
 when the handler ends: task id, attempt, worker id, pid, and clock_timestamp() at both ends (the
-database's clock), plus the handler's own clock at its start (time.time(): what the service a
-rate limit protects sees). The database is on this machine, so both are the same clock: when the
-recording connection is down (a database restart), the handler keeps trying and records the
-moment it took by its own clock instead (``late``), never the later moment the server came back.
+database's clock), a workflow step's inputs, plus the handler's own clock at its start
+(time.time(): what the service a rate limit protects sees). The database is on this machine, so
+both are the same clock: when the recording connection is down (a database restart), the handler
+keeps trying and records the moment it took by its own clock instead (``late``), never the later
+moment the server came back.
 
 One task per combination of the three handler options the matrix pairs (results, transactional,
 typed payload): ``mx.plain``, ``mx.results``, ``mx.results.tx.typed``... all on queue ``mx``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import threading
 import time
@@ -83,16 +85,18 @@ def record_run(
     typed: str = "",
     check: Callable[[], None] | None = None,
     conn: psycopg.Connection | None = None,
+    inputs: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """One run: record its start, work for ``sleep`` seconds (calling ``check`` every 20 ms,
-    which raises worker.Cancelled when the run is cancelled or its worker stops), write the
-    transactional side effect on ``conn`` if given, record its end; return the result."""
+    """One run: record its start (and ``inputs``, a workflow step's results of its dependencies),
+    work for ``sleep`` seconds (calling ``check`` every 20 ms, which raises worker.Cancelled
+    when the run is cancelled or its worker stops), write the transactional side effect on
+    ``conn`` if given, record its end; return the result."""
     schema = os.environ["WORKER_SCHEMA"]
     wall = time.time()
     (run_id,) = _record(
         f"INSERT INTO {schema}.mx_runs (task_id, attempt, worker_id, pid, kind, typed, wall,"
-        " started, late_start) VALUES (%(task_id)s, %(attempt)s, %(worker_id)s, %(pid)s,"
-        " %(kind)s, %(typed)s, %(wall)s,"
+        " inputs, started, late_start) VALUES (%(task_id)s, %(attempt)s, %(worker_id)s, %(pid)s,"
+        " %(kind)s, %(typed)s, %(wall)s, %(inputs)s::jsonb,"
         " CASE WHEN %(late)s THEN to_timestamp(%(wall)s) ELSE clock_timestamp() END, %(late)s)"
         " RETURNING id",
         {
@@ -103,6 +107,7 @@ def record_run(
             "kind": os.environ.get("MATRIX_KIND", "cli"),
             "typed": typed,
             "wall": wall,
+            "inputs": None if inputs is None else json.dumps(inputs),
         },
     )
     outcome = "error"
@@ -153,6 +158,7 @@ def _define(options: tuple[str, ...]) -> None:
             typed=kind,
             check=ctx.check,
             conn=ctx.conn if tx else None,
+            inputs=ctx.inputs,
         )
 
     worker.task(

@@ -20,8 +20,11 @@ each promise that applies:
   at once by the database clock, counting a run while its lease holds (as the claim counts it);
   at most ``RATE`` + burst - 1 handler starts in any one-second window (``check_limits``);
 - cancelled never done: a row with a cancel request never ends done nor goes back to the queue
-  (``check_cancels``); plus what each feature promises of its own (results, side effects of
-  transactional handlers, typed payloads, bulk actions, where the tasks ran).
+  (``check_cancels``);
+- a workflow's join is released once, after its inputs all ended done, and runs with their
+  results in order; a cancelled input cancels it (``check_workflow``);
+- plus what each feature promises of its own (results, side effects of transactional handlers,
+  typed payloads, bulk actions, where the tasks ran).
 
 The evidence: handlers record every run in ``mx_runs`` (tests/matrix_module.py), a trigger
 records every change of every task row in ``mx_log`` (state, attempt, owner, lease, cancel mark,
@@ -103,6 +106,8 @@ FEATURES = {
     "(tests/matrix_app.py), stopped by the application on SIGTERM",
     "transactional": "transactional=True handlers writing a side effect on ctx.conn",
     "typed": "a dataclass payload (and one row written by SQL that does not fit it)",
+    "workflow": "the tasks are one workflow (worker.group): all but the last in parallel, the "
+    "last a join that runs once they are all done, with their results in order",
 }
 
 FAULTS = {
@@ -136,6 +141,11 @@ EXCLUDED: list[tuple[frozenset[str], str | None, str]] = [
         None,
         "Django tasks take Django's args and kwargs; typed payloads are an option of "
         "@worker.task only",
+    ),
+    (
+        frozenset({"django", "workflow"}),
+        None,
+        "Django's Tasks API has no workflows: a workflow's steps are @worker.task handlers",
     ),
     (
         frozenset({"django"}),
@@ -253,14 +263,14 @@ def matrix_server() -> Iterator[EmbeddedPostgres]:
 INSTRUMENTS = """
 CREATE TABLE {s}.mx_runs (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, task_id bigint, attempt int,
-    worker_id text, pid int, kind text, typed text, wall double precision,
+    worker_id text, pid int, kind text, typed text, wall double precision, inputs jsonb,
     started timestamptz, finished timestamptz, outcome text, late_start bool, late_end bool);
 CREATE TABLE {s}.mx_effects (task_id bigint, attempt int, worker_id text);
 CREATE TABLE {s}.mx_log (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, op text, task_id bigint,
     old_state text, new_state text, old_attempts int, new_attempts int,
     old_worker text, new_worker text, lease timestamptz, old_mark bool, new_mark bool,
-    at timestamptz, stmt timestamptz, app text, moment timestamptz);
+    at timestamptz, stmt timestamptz, app text, moment timestamptz, settled bool);
 CREATE FUNCTION {s}.mx_log_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -278,12 +288,12 @@ BEGIN
     ELSE
         INSERT INTO {s}.mx_log (op, task_id, old_state, new_state, old_attempts, new_attempts,
                                 old_worker, new_worker, lease, old_mark, new_mark, at, stmt, app,
-                                moment)
+                                moment, settled)
         VALUES ('update', NEW.id, OLD.state, NEW.state, OLD.attempts, NEW.attempts,
                 OLD.worker_id, NEW.worker_id, NEW.lease_expires_at,
                 OLD.cancel_requested_at IS NOT NULL, NEW.cancel_requested_at IS NOT NULL,
                 clock_timestamp(), statement_timestamp(), current_setting('application_name'),
-                NEW.started_at);
+                NEW.started_at, OLD.dependents AND NOT NEW.dependents);
     END IF;
     RETURN NULL;
 END $$;
@@ -314,6 +324,7 @@ class Run:
     outcome: str | None
     late: bool
     end: float = 0.0  # finished, or when its process was gone (see Evidence.run_end)
+    inputs: list[Any] | None = None  # a workflow step's ctx.inputs
 
 
 @dataclasses.dataclass
@@ -365,6 +376,7 @@ class Evidence:
     kind: str
     fleet_pids: set[int]
     notes: list[str]
+    flow: dict[str, Any] = dataclasses.field(default_factory=dict)  # the workflow: inputs, join
 
     def __post_init__(self) -> None:
         self.claims: dict[int, list[Claim]] = defaultdict(list)
@@ -503,6 +515,8 @@ def expected_ends(ev: Evidence) -> dict[int, set[str]]:
         ends[task_id] = {"deleted"}
     if ev.bad_typed is not None:
         ends[ev.bad_typed] = {"failed"}
+    if ev.flow and any(ends[t] == {"cancelled"} for t in ev.flow["inputs"]):
+        ends[ev.flow["join"]] = {"cancelled"}  # its input was cancelled for good
     return ends
 
 
@@ -594,14 +608,26 @@ def check_done_comes_from_its_attempt(ev: Evidence) -> None:
                 )
 
 
+_KEPT = ("attempts", "worker", "mark")
+
+
 def check_finished_rows_stay_finished(ev: Evidence) -> None:
     """Once done, failed or cancelled, a row changes only by an operator's retry (back to
-    queued) or delete: a worker's late acknowledgement never touches it."""
+    queued) or delete: a worker's late acknowledgement never touches it. A workflow step's end is
+    settled once (its edges told, the row marked as having no dependents left waiting, nothing
+    else changed), and a join that its inputs' cancel cancelled waits again once they are
+    retried."""
     retried = set(ev.bulk.get("retried", []))
     for task_id, entries in ev.by_task.items():
         for e in entries:
             if e["op"] == "update" and e["old_state"] in FINAL:
                 if e["new_state"] == "queued" and task_id in retried:
+                    continue
+                same = all(e[f"old_{k}"] == e[f"new_{k}"] for k in _KEPT)
+                if e.get("settled") and e["old_state"] == e["new_state"] and same:
+                    continue
+                resumed = ev.flow and task_id == ev.flow["join"] and retried
+                if resumed and (e["old_state"], e["new_state"]) == ("cancelled", "waiting"):
                     continue
                 _fail(
                     ev,
@@ -848,6 +874,71 @@ def check_typed(ev: Evidence) -> None:
         _fail(ev, "a payload that does not fit fails at once", str(row["last_error"]))
 
 
+def _done_by(ev: Evidence, task_id: int) -> dict[str, Any] | None:
+    """The log entry that marked a task done (its row may have been deleted since)."""
+    done = [
+        e for e in ev.by_task.get(task_id, []) if e["op"] == "update" and e["new_state"] == "done"
+    ]
+    return done[-1] if done else None
+
+
+def check_workflow(ev: Evidence) -> None:
+    """The workflow feature: the join is released (waiting to queued) once, after every input
+    ended done; none of its runs starts before that; the run that completed it read its inputs'
+    results in the order the group named them, each the value of the attempt that completed that
+    input. A join whose input was cancelled ends cancelled, its error naming the dependency, and
+    never runs."""
+    if not ev.flow:
+        return
+    join, inputs = ev.flow["join"], ev.flow["inputs"]
+    row = ev.rows[join]
+    released = [
+        e
+        for e in ev.by_task[join]
+        if e["op"] == "update" and (e["old_state"], e["new_state"]) == ("waiting", "queued")
+    ]
+    runs = [r for r in ev.runs if r.task_id == join]
+    if row["state"] == "cancelled" and ev.cancel.get("target") == join:
+        return  # the case cancelled the join itself while it ran: check_cancels' business
+    if row["state"] == "cancelled":
+        if runs or released or not str(row["last_error"]).startswith("DependencyFailed: "):
+            _fail(
+                ev,
+                "a cancelled input cancels the join",
+                f"join {join}: {len(runs)} runs, released {len(released)} times, error"
+                f" {row['last_error']!r}\n" + ev.history(join),
+            )
+        return
+    if len(released) != 1:
+        _fail(ev, "a join is released once", ev.history(join))
+    dones = {t: _done_by(ev, t) for t in inputs}
+    early = [t for t, e in dones.items() if e is None or e["at"] > released[0]["at"]]
+    if early:
+        _fail(
+            ev,
+            "a join is released once its inputs are all done",
+            f"join {join} released at {_t(released[0]['at'])}; inputs not done by then {early}\n"
+            + "\n".join(ev.history(t) for t in early[:3]),
+        )
+    for run in runs:
+        if run.start < released[0]["at"]:
+            _fail(ev, "a join runs after its inputs", ev.describe(run) + "\n" + ev.history(join))
+    expected = [
+        {"task_id": t, "attempt": e["old_attempts"], "worker_id": e["old_worker"]}
+        for t, e in dones.items()
+        if e is not None
+    ]
+    final = [r for r in runs if r.outcome == "ok" and r.attempt == row["attempts"]]
+    if row["state"] != "done" or not final or final[-1].inputs != expected:
+        got = final[-1].inputs if final else None
+        _fail(
+            ev,
+            "a join reads its inputs' results in order",
+            f"join {join} ended {row['state']}; its run read {got!r}, expected {expected!r}\n"
+            + ev.history(join),
+        )
+
+
 def check_where_it_ran(ev: Evidence) -> None:
     """Every run was on a process of the case's fleets, of the kind the features ask for."""
     for run in ev.runs:
@@ -872,6 +963,7 @@ CHECKS: list[Callable[[Evidence], None]] = [
     check_results,
     check_transactional,
     check_typed,
+    check_workflow,
     check_where_it_ran,
 ]
 
@@ -1061,6 +1153,7 @@ class Harness:
         self.cancel: dict[str, Any] = {}
         self.bulk: dict[str, Any] = {}
         self.bad_typed: int | None = None
+        self.flow: dict[str, Any] = {}
         self.faulted_at = float("inf")
         self.held: psycopg.Connection | None = None
         self.notes: list[str] = []
@@ -1153,7 +1246,16 @@ class Harness:
             return MxPayload(sleep, key, i) if typed else {"sleep": sleep, "key": key, "n": i}
 
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            if not self.case.has("django"):
+            if self.case.has("workflow"):
+                steps = [
+                    worker.step(name, payload(i), limit_key=f"k{i % KEYS}" if keyed else None)
+                    for i in range(N_TASKS)
+                ]
+                flow = worker.group(steps[:-1], then=steps[-1], name="mx")
+                ids = worker.enqueue_workflow(c, flow, schema=self.schema)
+                self.enqueued = {ids[s]: s.limit_key or "" for s in steps}
+                self.flow = {"inputs": [ids[s] for s in steps[:-1]], "join": ids[steps[-1]]}
+            elif not self.case.has("django"):
                 for i in range(N_TASKS):
                     key = f"k{i % KEYS}" if keyed else None
                     task_id = worker.enqueue(c, name, payload(i), limit_key=key, schema=self.schema)
@@ -1331,7 +1433,7 @@ class Harness:
     def settled(self) -> bool:
         left = self.db(
             f"SELECT count(*) FROM {self.schema}.tasks"
-            " WHERE state IN ('queued', 'scheduled', 'in_progress')"
+            " WHERE state IN ('queued', 'scheduled', 'in_progress', 'waiting')"
         )[0][0]
         if left:
             return False
@@ -1393,16 +1495,17 @@ class Harness:
                 finished=_ts(r[9]),
                 outcome=r[10],
                 late=bool(r[11] or r[12]),
+                inputs=r[13],
             )
             for r in self.db(
                 "SELECT id, task_id, attempt, worker_id, pid, kind, typed, wall, started,"
-                f" finished, outcome, late_start, late_end FROM {s}.mx_runs ORDER BY id"
+                f" finished, outcome, late_start, late_end, inputs FROM {s}.mx_runs ORDER BY id"
             )
         ]
         cols = [
             "id", "op", "task_id", "old_state", "new_state", "old_attempts", "new_attempts",
             "old_worker", "new_worker", "lease", "old_mark", "new_mark", "at", "stmt", "app",
-            "moment",
+            "moment", "settled",
         ]  # fmt: skip
         log = []
         for r in self.db(f"SELECT {', '.join(cols)} FROM {s}.mx_log ORDER BY id"):
@@ -1448,6 +1551,7 @@ class Harness:
             kind=self.kind,
             fleet_pids=self.fleet_pids,
             notes=self.notes,
+            flow=self.flow,
         )
 
 
@@ -1514,7 +1618,7 @@ def test_the_table_is_whole() -> None:
     """Every pair under every fault is a case or excluded with a reason; a case named by
     WORKER_MATRIX_CASES parses, in either order of its pair; the sample has one case per fault."""
     pairs = list(itertools.combinations(FEATURES, 2))
-    assert len(pairs) == 55
+    assert len(pairs) == 66
     cases = {c.name for c in all_cases()}
     for pair in pairs:
         for fault in FAULTS:
@@ -1692,3 +1796,34 @@ def test_the_checks_catch_a_start_while_paused_and_a_cancelled_task_done() -> No
     left = {1: {"state": "queued", "attempts": 0, "worker_id": None, "result": None}}
     with pytest.raises(Broken, match="never lost"):
         check_never_lost(_made_up([], [_entry(1, 10.0, None, "queued")], rows=left))
+
+
+def test_the_checks_catch_a_join_released_early_twice_or_with_wrong_inputs() -> None:
+    """A join released before an input is done, released twice, or whose run read other results
+    than its inputs' breaks the workflow's promise; a join cancelled with its input must not run."""
+    log = _attempt(1, 10.0, 11.0) + _attempt(2, 10.0, 12.0)
+    join = [_entry(3, 9.0, None, "waiting"), _entry(3, 12.0, "waiting", "queued")]
+    join += _attempt(3, 12.5, 13.5)
+    inputs = [{"task_id": t, "attempt": 1, "worker_id": W1} for t in (1, 2)]
+    runs = [_run(1, 1, 10.1, 10.9), _run(2, 2, 10.1, 11.9), _run(3, 3, 12.6, 13.4)]
+    runs[2].inputs = inputs
+    flow = {"inputs": [1, 2], "join": 3}
+    check_workflow(_made_up(runs, log + join, flow=flow))
+    runs[2].inputs = inputs[::-1]
+    with pytest.raises(Broken, match="reads its inputs' results in order"):
+        check_workflow(_made_up(runs, log + join, flow=flow))
+    runs[2].inputs = inputs
+    early = [_entry(3, 9.0, None, "waiting"), _entry(3, 11.5, "waiting", "queued")]
+    with pytest.raises(Broken, match="once its inputs are all done"):
+        check_workflow(_made_up(runs, log + early + join[2:], flow=flow))
+    twice = [*join[:2], _entry(3, 12.1, "queued", "waiting"), _entry(3, 12.2, "waiting", "queued")]
+    with pytest.raises(Broken, match="a join is released once"):
+        check_workflow(_made_up(runs, log + twice + join[2:], flow=flow))
+    rows = {
+        t: {"state": "done", "attempts": 1, "worker_id": W1, "result": None, "last_error": None}
+        for t in (1, 2)
+    }
+    rows[3] = {**rows[1], "state": "cancelled", "last_error": "DependencyFailed: step 2 (mx)"}
+    with pytest.raises(Broken, match="a cancelled input cancels the join"):
+        check_workflow(_made_up(runs, log + join, flow=flow, rows=rows))
+    check_workflow(_made_up(runs[:2], log + join[:1], flow=flow, rows=rows))
