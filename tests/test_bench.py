@@ -63,6 +63,16 @@ def test_the_drain_is_reported_as_a_ratio_to_the_ceiling(report: dict[str, Any])
     assert report["drain_ratio"] > 0 and report["enqueue_ratio"] > 0
     assert report["ceiling_client_cpu"] > 0  # cores the client used: near 1, Python-bound
     assert len(report["all"]["drain_ratio"]) == report["rounds"] == 1
+    assert report["drain_target_met"] == (report["drain_per_s"] / report["ceiling"] >= 0.8)
+
+
+def test_the_wal_of_the_drain_is_reported_against_the_ceilings(report: dict[str, Any]) -> None:
+    """Each phase writes WAL for each task it finishes (a claim and an acknowledgement at least:
+    more than 100 bytes), and the drain's is compared with the ceiling's."""
+    w = report["wal_per_task"]
+    assert w["ceiling_bytes"] > 100 and w["drain_bytes"] > 100, w
+    assert abs(w["ratio"] - w["drain_bytes"] / w["ceiling_bytes"]) < 0.02, w  # bytes rounded
+    assert w["target_met"] == (w["drain_bytes"] <= 1.5 * w["ceiling_bytes"]), w
 
 
 def test_light_delayed_compares_a_backlog_of_delayed_rows_with_an_empty_table(

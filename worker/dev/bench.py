@@ -23,11 +23,13 @@ from typing import Any
 import psycopg
 
 from ..db.connect import BENCH, connect
+from ..db.sql import queries
 from ..tasks.enqueue import enqueue_many
 from . import bench_flows, bench_soak
 from .bench_ceiling import ceiling
 from .bench_phases import (
     BENCH_SCHEMA,
+    SQL_DIR,
     TASK,
     drain,
     latency,
@@ -43,6 +45,10 @@ from .bench_phases import (
 # at once, not in the middle of a run.
 MAX_PROCESSES = max(64, 4 * (os.cpu_count() or 1))
 MAX_ROWS = 100_000_000
+# What the drain is held to: its rate against the bare-SQL ceiling of the same run, and the WAL it
+# writes per task against the ceiling's.
+DRAIN_TARGET = 0.8
+WAL_TARGET = 1.5
 
 
 def _int_in(low: int, high: int) -> Callable[[str], int]:
@@ -199,6 +205,8 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_kb": [],
         "drain_concurrency_limit": [],
         "drain_rate_limit": [],
+        "ceiling_wal": [],
+        "drain_wal": [],
     }
     with connect(dsn, BENCH) as conn, connect(dsn, BENCH, autocommit=False) as holder:
         reset(conn)
@@ -207,6 +215,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             results["enqueue"].append(_enqueue(conn, args.tasks))
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
+            wal = _wal(conn)
             top = ceiling(
                 dsn,
                 BENCH_SCHEMA,
@@ -214,6 +223,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
                 connections=args.processes,
                 delete=args.keep_done <= 0,
             )
+            results["ceiling_wal"].append((_wal(conn) - wal) / args.tasks)
             holder.rollback()
             if top.tasks < args.tasks:
                 raise RuntimeError(f"the ceiling drained {top.tasks} of {args.tasks} tasks")
@@ -223,7 +233,9 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             _enqueue(conn, args.tasks)
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")
+            wal = _wal(conn)
             drained = drain(dsn, args, args.tasks)
+            results["drain_wal"].append((_wal(conn) - wal) / args.tasks)
             holder.rollback()
             results["drain"].append(drained.per_s)
             results["rss_kb"].append(drained.max_rss_kb)
@@ -258,6 +270,17 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "ceiling_connections": args.processes,
         "ceiling_client_cpu": round(med["ceiling_client_cpu"], 2),
         "drain_ratio": round(med["drain"] / med["ceiling"], 3),
+        "drain_target": f"drain >= {DRAIN_TARGET} x the ceiling",
+        "drain_target_met": med["drain"] / med["ceiling"] >= DRAIN_TARGET,
+        # WAL written per task by each phase, from its start to its last commit (the worker's
+        # start, its registration and its stop included: what a drain costs).
+        "wal_per_task": {
+            "ceiling_bytes": round(med["ceiling_wal"]),
+            "drain_bytes": round(med["drain_wal"]),
+            "ratio": round(med["drain_wal"] / med["ceiling_wal"], 2),
+            "target": f"drain <= {WAL_TARGET} x the ceiling's",
+            "target_met": med["drain_wal"] <= WAL_TARGET * med["ceiling_wal"],
+        },
         "enqueue_ratio": round(med["enqueue"] / med["ceiling"], 3),
         "worker_max_rss_mb": round(med["rss_kb"] / 1024, 1),
         "limits": _limit_report(results) if args.limit_phases else None,
@@ -282,6 +305,10 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _wal(conn: psycopg.Connection) -> int:
+    return int(conn.execute(queries(BENCH_SCHEMA, SQL_DIR)["bench_wal_position"]).fetchone()[0])
 
 
 def _limit_report(results: dict[str, list[float]]) -> dict[str, Any]:
@@ -340,6 +367,13 @@ def main(args: argparse.Namespace, dsn: str) -> int:
         ("drain (worker)", r["drain_per_s"], r["drain_ratio"]),
     ):
         print(f"  {label:<22}  {rate:>9,} tasks/s   {ratio:.0%} of the ceiling")
+    print(f"    target {r['drain_target']}: {_verdict(r['drain_target_met'])}")
+    w = r["wal_per_task"]
+    print(
+        f"  WAL per task            {w['drain_bytes']:>9,} B (drain), {w['ceiling_bytes']:,} B"
+        f" (ceiling), x{w['ratio']}"
+    )
+    print(f"    target {w['target']}: {_verdict(w['target_met'])}")
     print(f"  worker peak RSS         {r['worker_max_rss_mb']:>9} MB per process")
     if r["limits"]:
         lim = r["limits"]

@@ -73,3 +73,8 @@ SELECT pid FROM pg_stat_activity
 -- name: bench_server_is_local
 -- NULL over a Unix socket.
 SELECT coalesce(host(inet_server_addr()) IN ('127.0.0.1', '::1'), true);
+
+-- name: bench_wal_position
+-- Bytes of WAL written so far (where the next record goes), to count what a phase writes. Other
+-- sessions' writes count too: bench alone.
+SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint;
