@@ -259,6 +259,7 @@ def test_tasks_without_results_are_acknowledged_by_complete_alone(pg_dsn: str, s
         poll_interval=1,
         channel=f"{schema}.tasks",
         done_channel=f"{schema}.done",
+        stores_result=lambda d: True,
     )
     with Traced.connect(pg_dsn, autocommit=True) as conn:
         jobs = _jobs(conn, schema, 100, [None] * 100)
@@ -279,7 +280,17 @@ def test_tasks_without_results_are_acknowledged_by_complete_alone(pg_dsn: str, s
             q["notify_done"].as_string(conn),
         ]
         got = dict(conn.execute(f"SELECT id, result FROM {schema}.tasks WHERE state = 'done'"))
-    assert [got[j.id] for j in mixed] == [None, {"a": 1}, None, [2]]
+        assert [got[j.id] for j in mixed] == [None, {"a": 1}, None, [2]]
+
+        # Results carried for a workflow's dependents by a task that stores none: stored, not
+        # announced (a notification would serialize the commits of every acknowledging worker).
+        batcher.stores_result = lambda d: False
+        carried = _jobs(conn, schema, 2, ["null", "[3]"])
+        conn.seen = []
+        with conn.transaction():
+            kept, _ = batcher.acknowledge(conn, carried)
+        assert kept == {j.id: "done" for j in carried}
+        assert conn.seen == [q["complete_with_result"].as_string(conn)]
 
 
 # -- waiting ------------------------------------------------------------------------------------

@@ -182,11 +182,8 @@ class Batcher:
             for j in jobs
             if j.outcome and j.outcome.ok and j.outcome.result is None
         ]
-        with_result = [
-            (j.id, j.attempt, j.outcome.result)
-            for j in jobs
-            if j.outcome and j.outcome.ok and j.outcome.result is not None
-        ]
+        carry = [j for j in jobs if j.outcome and j.outcome.ok and j.outcome.result is not None]
+        with_result = [(j.id, j.attempt, j.outcome.result) for j in carry if j.outcome]
         failures = [
             failure(j)
             for j in jobs
@@ -215,9 +212,14 @@ class Batcher:
             stored = store.complete_with_result(
                 conn, self.q.schema, worker_id=self.worker_id, done=with_result, move=self.move_done
             )
-            # Every stored result is announced: whoever waits for one of these tasks (a workflow
-            # step's too) learns at the commit that it ended.
-            store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=sorted(stored))
+            # The results of tasks that store one are announced: whoever waits for one of them
+            # learns at the commit that it ended. A workflow step's result kept only for its
+            # dependents is not: a wait for it learns by reading again, as for any task that
+            # stores no result. A notification serializes the commits of every session that
+            # sends one, and a fan-out's steps would then commit one after the other.
+            told = [j.id for j in carry if j.id in stored and self.stores_result(j.definition)]
+            if told:
+                store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=sorted(told))
             kept.update(stored)
         if failures:
             states = store.fail(conn, self.q.schema, worker_id=self.worker_id, failures=failures)

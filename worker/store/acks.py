@@ -194,7 +194,8 @@ def complete_with_result(
     params = {
         "ids": int_array(ids),
         "attempts": int_array(attempts),
-        "results": list(results),
+        # As text: psycopg adapts a list of a hundred strings in about 250 µs (see int_array).
+        "results": text_array(results),
         "worker_id": worker_id,
     }
     kept: dict[int, str] = {}
