@@ -1479,71 +1479,25 @@ BEGIN
 END;
 $$;
 
--- Name: settle_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
+-- Name: settle_released(bigint[], integer[], bigint[], text[], text[]); Type: FUNCTION; Schema: worker; Owner: -
 
-CREATE FUNCTION worker.settle_steps(ids bigint[]) RETURNS integer
-    LANGUAGE sql
-    AS $$
-    SELECT released FROM "worker".settle_steps_ready(ids);
-$$;
-
--- Name: settle_steps_ready(bigint[], text[]); Type: FUNCTION; Schema: worker; Owner: -
-
-CREATE FUNCTION worker.settle_steps_ready(ids bigint[], quiet text[] DEFAULT '{}'::text[], OUT released integer, OUT ready_queues text[]) RETURNS record
+CREATE FUNCTION worker.settle_released(kids bigint[], counts integer[], blockers bigint[], errors text[], quiet text[] DEFAULT '{}'::text[], OUT released integer, OUT ready_queues text[]) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    parents  bigint[] := ids;
     n        integer;
     woken    text[] := '{}';
     earliest timestamptz;
     first_at timestamptz;
     queues   text[];
-    kids     bigint[];
-    counts   integer[];
-    blockers bigint[];
-    errors   text[];
+    parents  bigint[];
+    pstates  text[];
+    presults jsonb[];
+    ptasks   text[];
 BEGIN
     released := 0;
-    WHILE cardinality(parents) > 0 LOOP
-        -- The outcomes (and results) of the finished steps, onto their edges.
-        -- A step is marked settled (dependents false) here, or already by the acknowledgement
-        -- that ended it, in this same transaction (complete_with_result): one row version
-        -- fewer per step. An edge settled before is not settled again (outcome IS NULL below).
-        WITH marked AS (
-            UPDATE "worker".tasks AS t SET dependents = false
-             WHERE t.id = ANY(parents) AND t.dependents
-               AND t.state IN ('done', 'failed', 'cancelled')
-            RETURNING t.id, t.state::text AS state, t.result, t.task
-        ), p AS (
-            SELECT * FROM marked
-            UNION ALL
-            SELECT t.id, t.state::text, t.result, t.task FROM "worker".tasks AS t
-             WHERE t.id = ANY(parents) AND NOT t.dependents
-               AND t.state IN ('done', 'failed', 'cancelled')
-        ), e AS (
-            UPDATE "worker".task_deps AS d
-               SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END
-              FROM p
-             WHERE d.depends_on = p.id AND d.outcome IS NULL
-            RETURNING d.task_id, d.depends_on, d.run_on_failure, d.outcome, p.task
-        ), c AS (
-            SELECT e.task_id AS id, count(*)::integer AS n,
-                   min(e.depends_on) FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure)
-                       AS blocker
-              FROM e GROUP BY e.task_id
-        )
-        SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
-               coalesce(array_agg(c.n ORDER BY c.id), '{}'),
-               coalesce(array_agg(c.blocker ORDER BY c.id), '{}'),
-               coalesce(array_agg((SELECT format('DependencyFailed: step %s (%s) ended %s',
-                                                 e.depends_on, left(e.task, 100), e.outcome)
-                                     FROM e WHERE e.task_id = c.id AND e.depends_on = c.blocker)
-                                  ORDER BY c.id), '{}')
-          INTO kids, counts, blockers, errors
-          FROM c;
-        EXIT WHEN cardinality(kids) = 0;
+    WHILE cardinality(kids) > 0 LOOP
         -- In id order: the acknowledgements of other workers settle the same joins.
         PERFORM 1 FROM "worker".tasks AS t WHERE t.id = ANY(kids) ORDER BY t.id FOR UPDATE;
         -- A statement of its own, so that it sees what was committed before the locks.
@@ -1579,12 +1533,102 @@ BEGIN
         released := released + n;
         woken := woken || queues;
         earliest := least(earliest, first_at);
+        EXIT WHEN cardinality(parents) = 0;
+        -- The steps a failure cancelled here, which others wait for in turn: settled now, their
+        -- dependents next.
+        WITH marked AS (
+            UPDATE "worker".tasks AS t SET dependents = false
+             WHERE t.id = ANY(parents) AND t.dependents
+            RETURNING t.id, t.state::text AS state, t.result, t.task
+        )
+        SELECT array_agg(m.id), array_agg(m.state), array_agg(m.result), array_agg(m.task)
+          INTO parents, pstates, presults, ptasks
+          FROM marked AS m;
+        SELECT s.kids, s.counts, s.blockers, s.errors INTO kids, counts, blockers, errors
+          FROM "worker".step_edges(parents, pstates, presults, ptasks) AS s;
     END LOOP;
     -- The caller claims in the quiet queues in this same transaction, and wakes them itself if
     -- its claim may have left a step behind (see engine.batch).
     PERFORM "worker".wake_steps(ARRAY(SELECT w FROM unnest(woken) AS w WHERE w <> ALL(quiet)),
                                 earliest);
     ready_queues := ARRAY(SELECT DISTINCT w FROM unnest(woken) AS w);
+END;
+$$;
+
+-- Name: settle_steps(bigint[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.settle_steps(ids bigint[]) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    SELECT released FROM "worker".settle_steps_ready(ids);
+$$;
+
+-- Name: settle_steps_ready(bigint[], text[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.settle_steps_ready(ids bigint[], quiet text[] DEFAULT '{}'::text[], OUT released integer, OUT ready_queues text[]) RETURNS record
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    pids     bigint[];
+    pstates  text[];
+    presults jsonb[];
+    ptasks   text[];
+    e        record;
+BEGIN
+    WITH marked AS (
+        UPDATE "worker".tasks AS t SET dependents = false
+         WHERE t.id = ANY(ids) AND t.dependents
+           AND t.state IN ('done', 'failed', 'cancelled')
+        RETURNING t.id, t.state::text AS state, t.result, t.task
+    ), p AS (
+        SELECT * FROM marked
+        UNION ALL
+        SELECT t.id, t.state::text, t.result, t.task FROM "worker".tasks AS t
+         WHERE t.id = ANY(ids) AND NOT t.dependents
+           AND t.state IN ('done', 'failed', 'cancelled')
+    )
+    SELECT array_agg(p.id), array_agg(p.state), array_agg(p.result), array_agg(p.task)
+      INTO pids, pstates, presults, ptasks
+      FROM p;
+    SELECT * INTO e FROM "worker".step_edges(pids, pstates, presults, ptasks);
+    SELECT s.released, s.ready_queues INTO released, ready_queues
+      FROM "worker".settle_released(e.kids, e.counts, e.blockers, e.errors, quiet) AS s;
+END;
+$$;
+
+-- Name: step_edges(bigint[], text[], jsonb[], text[]); Type: FUNCTION; Schema: worker; Owner: -
+
+CREATE FUNCTION worker.step_edges(ids bigint[], states text[], results jsonb[], tasks text[], OUT kids bigint[], OUT counts integer[], OUT blockers bigint[], OUT errors text[]) RETURNS record
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    -- An edge settled before is not settled again (outcome IS NULL): a step given twice counts
+    -- once.
+    WITH p AS (
+        SELECT * FROM unnest(ids, states, results, tasks) AS p(id, state, result, task)
+    ), e AS (
+        UPDATE "worker".task_deps AS d
+           SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END
+          FROM p
+         WHERE d.depends_on = p.id AND d.outcome IS NULL
+        RETURNING d.task_id, d.depends_on, d.run_on_failure, d.outcome, p.task
+    ), c AS (
+        SELECT e.task_id AS id, count(*)::integer AS n,
+               min(e.depends_on) FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure)
+                   AS blocker
+          FROM e GROUP BY e.task_id
+    )
+    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
+           coalesce(array_agg(c.n ORDER BY c.id), '{}'),
+           coalesce(array_agg(c.blocker ORDER BY c.id), '{}'),
+           coalesce(array_agg((SELECT format('DependencyFailed: step %s (%s) ended %s',
+                                             e.depends_on, left(e.task, 100), e.outcome)
+                                 FROM e WHERE e.task_id = c.id AND e.depends_on = c.blocker)
+                              ORDER BY c.id), '{}')
+      INTO kids, counts, blockers, errors
+      FROM c;
 END;
 $$;
 

@@ -17,9 +17,8 @@ import psycopg
 
 from .. import store
 from ..db.sql import Queries
-from ..tasks.backoff import retry_delay
-from ..tasks.registry import DEFAULT_BACKOFF, TaskDef
-from .job import Job
+from ..tasks.registry import TaskDef
+from .job import Job, failure
 
 log = logging.getLogger("worker")
 
@@ -171,9 +170,11 @@ class Batcher:
         """The done, failed and handed-back jobs, one statement each: ({id: "done" or
         "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
         cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results) take
-        a statement of their own, and are announced to waiters; the others' acknowledgement is
-        ``complete`` alone. Workflow steps that others wait for carry their result (see
-        engine.runners) and settle their dependents after (``store.settle_steps``). With
+        a statement of their own, and those of tasks that store one are announced to waiters; the
+        others' acknowledgement is ``complete`` alone. Workflow steps that others wait for carry
+        their result (see engine.runners), and the statement that acknowledges them settles their
+        dependents (``store.complete_steps``); steps that failed or were handed back settle theirs
+        after (``store.settle_steps``). With
         ``claim_follows``, a claim comes next in this transaction: the queues where steps become
         ready are not woken now (that claim reads them), and ``wake_left`` wakes them after it if
         it may have left a ready step behind."""
@@ -183,7 +184,12 @@ class Batcher:
             if j.outcome and j.outcome.ok and j.outcome.result is None
         ]
         carry = [j for j in jobs if j.outcome and j.outcome.ok and j.outcome.result is not None]
-        with_result = [(j.id, j.attempt, j.outcome.result) for j in carry if j.outcome]
+        with_result, step_results = [], []
+        for j in carry:
+            assert j.outcome is not None and j.outcome.result is not None
+            (step_results if j.claimed.dependents else with_result).append(
+                (j.id, j.attempt, j.outcome.result)
+            )
         failures = [
             failure(j)
             for j in jobs
@@ -197,6 +203,11 @@ class Batcher:
         ]
         kept: dict[int, str] = {}
         states: dict[int, str] = {}
+        # Steps made ready here are read by the claim that follows in this transaction: a
+        # chain's next step is claimed in the commit that finished the one before it, without
+        # waking any worker (this one included) for a claim that would find nothing.
+        quiet = self.queues if claim_follows else []
+        self._readied = []
         if jobs and self._held:
             self.freed()
         if done:
@@ -208,10 +219,18 @@ class Batcher:
                 delete=self.delete_done,
                 move=self.move_done,
             )
+        stored: dict[int, str] = {}
         if with_result:
             stored = store.complete_with_result(
                 conn, self.q.schema, worker_id=self.worker_id, done=with_result, move=self.move_done
             )
+        settled: dict[int, str] = {}
+        if step_results:
+            settled, self._readied = store.complete_steps(
+                conn, self.q.schema, worker_id=self.worker_id, done=step_results, quiet=quiet
+            )
+            stored.update(settled)
+        if stored:
             # The results of tasks that store one are announced: whoever waits for one of them
             # learns at the commit that it ended. A workflow step's result kept only for its
             # dependents is not: a wait for it learns by reading again, as for any task that
@@ -239,17 +258,13 @@ class Batcher:
             back = store.release(conn, self.q.schema, worker_id=self.worker_id, tasks=released)
             for task_id, state in back.items():
                 states[task_id] = "cancelled" if state == "cancelled" else "released"
-        # Workflows: steps that others wait for (known at their claim) settle those in this
-        # transaction; a batch of plain tasks skips it.
-        steps = [j.id for j in jobs if j.claimed.dependents and j.outcome]
-        self._readied = []
+        # Workflows: the other steps that others wait for (known at their claim: failed, handed
+        # back, or no longer ours) settle those in this transaction; a batch of plain tasks skips
+        # it. A step passed over here that did not finish is settled when it does.
+        steps = [j.id for j in jobs if j.claimed.dependents and j.outcome and j.id not in settled]
         if steps:
-            # The steps made ready here are read by the claim that follows in this transaction:
-            # a chain's next step is claimed in the commit that finished the one before it,
-            # without waking any worker (this one included) for a claim that would find nothing.
-            quiet = self.queues if claim_follows else []
-            self._readied = store.settle_steps(conn, self.q.schema, steps, quiet=quiet)
-            self.mark(self._readied)
+            self._readied += store.settle_steps(conn, self.q.schema, steps, quiet=quiet)
+        self.mark(self._readied)
         return kept, states
 
     def wake_left(self, conn: psycopg.Connection, claim: Claim | None) -> None:
@@ -380,19 +395,4 @@ class Batcher:
                 self._hot.add(name)
 
 
-def failure(job: Job) -> store.Failure:
-    """The retry statement's view of a failed job: when to try again, and why it failed."""
-    c, outcome = job.claimed, job.outcome
-    assert outcome is not None
-    base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
-    return store.Failure(
-        c.id,
-        c.attempt,
-        retry_delay(c.attempt, base),
-        outcome.error or "",
-        outcome.permanent,
-        job.definition.max_attempts,
-    )
-
-
-__all__ = ["MANY_QUEUES", "PROMOTE_LIMIT", "Batcher", "Claim", "failure"]
+__all__ = ["MANY_QUEUES", "PROMOTE_LIMIT", "Batcher", "Claim"]

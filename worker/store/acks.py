@@ -210,6 +210,32 @@ def complete_with_result(
     return {r[0]: r[1] for r in rows}
 
 
+def complete_steps(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    worker_id: str,
+    done: Sequence[tuple[int, int, str]],
+    quiet: Sequence[str] = (),
+) -> tuple[dict[int, str], list[str]]:
+    """Workflows: ``complete_with_result`` for steps that others wait for, settling their
+    dependents in the same statement (see complete_steps in acks.sql). Returns ({id: "done" |
+    "cancelled"} for the rows that were still ours, the queues where dependents became
+    runnable); those in ``quiet`` are not woken (see settle_steps)."""
+    if not done:
+        return {}, []
+    ids, attempts, results = zip(*done, strict=True)
+    params = {
+        "ids": int_array(ids),
+        "attempts": int_array(attempts),
+        "results": text_array(results),
+        "worker_id": worker_id,
+        "quiet": text_array(quiet),
+    }
+    rows = conn.execute(statements(schema)["complete_steps"], params, **PLAN_EACH).fetchall()
+    return {r[0]: r[1] for r in rows}, list(rows[0][3] or []) if rows else []
+
+
 def settle_steps(
     conn: psycopg.Connection, schema: str, ids: Sequence[int], *, quiet: Sequence[str] = ()
 ) -> list[str]:

@@ -28,6 +28,42 @@ WITH acked AS (
 )
 SELECT id, state FROM acked;
 
+-- name: complete_steps
+-- `complete_with_result` for workflow steps that others wait for, settling their dependents in
+-- the same statement (schema/0028): what the acknowledgement wrote (each step's outcome, result
+-- and task) goes onto the steps' edges (step_edges), and from there onto their dependents, under
+-- their row locks (settle_released), releasing those with nothing left to wait for. The same
+-- fencing as `complete`, word for word. Each acknowledged row comes back with its new state,
+-- next to how many dependents were released and in which queues (the same on every row). The
+-- queues named `quiet` are not woken: the caller claims in them next (see settle_steps).
+WITH acked AS (
+    UPDATE {schema}.tasks AS t
+       SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
+                        ELSE 'cancelled' END,
+           finished_at = now(), lease_expires_at = NULL,
+           result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END,
+           dependents = false  -- settled below, in this statement
+      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
+           AS a(id, attempt, result)
+     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+       AND t.attempts = a.attempt
+       AND t.worker_id = %(worker_id)s
+       AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
+    RETURNING t.id, t.state::text AS state, t.result, t.task
+), edges AS MATERIALIZED (
+    SELECT e.*
+      FROM (SELECT array_agg(a.id) AS ids, array_agg(a.state) AS states,
+                   array_agg(a.result) AS results, array_agg(a.task) AS tasks
+              FROM acked AS a) AS b,
+           LATERAL {schema}.step_edges(b.ids, b.states, b.results, b.tasks) AS e
+), settled AS MATERIALIZED (
+    SELECT s.*
+      FROM edges AS e,
+           LATERAL {schema}.settle_released(e.kids, e.counts, e.blockers, e.errors,
+                                            %(quiet)s::text[]) AS s
+)
+SELECT a.id, a.state, s.released, s.ready_queues FROM acked AS a, settled AS s;
+
 -- name: notify_done
 -- Wake whoever waits on these tasks (comma-separated ids, under 8,000 bytes: the caller splits
 -- longer lists). Sent inside the transaction that finished them, so it arrives only once their
