@@ -92,16 +92,18 @@ def insert_workflow(
     assert row is not None
     workflow_id = int(row[0])
     ids = [r[0] for r in conn.execute(q["workflow_ids"], {"n": len(steps)})]
+    awaited = {parent for _, parent, _, _ in edges}
     with conn.cursor() as cur:
         with cur.copy(q["workflow_copy_steps"]) as copy:
-            for i, (task, payload, queue, priority, max_attempts, limit_key, waits) in zip(
-                ids, steps, strict=True
-            ):
-                state = "waiting" if waits else "queued"
+            for n, (i, step) in enumerate(zip(ids, steps, strict=True)):
+                task, payload, queue, priority, max_attempts, limit_key, waits = step
                 copy.write_row(
                     (
                         *(i, task, payload, queue, priority, max_attempts, limit_key),
-                        *(workflow_id, state, trace_context),
+                        workflow_id,
+                        "waiting" if waits else "queued",
+                        trace_context,
+                        True if n in awaited else None,
                     )
                 )
         if edges:

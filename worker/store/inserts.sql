@@ -113,9 +113,11 @@ SELECT nextval(pg_get_serial_sequence('{schema}.tasks', 'id')) AS id
 -- A workflow's steps: waiting when they have dependencies (their count is made by the edges'
 -- trigger), queued otherwise. A NULL queue is routed (schema/0006); run_at is the database's now().
 -- Every step carries the trace context of the enqueue that wrote them (NULL when untraced), so
--- a traced workflow's steps share one trace.
+-- a traced workflow's steps share one trace. A step that others wait for is marked so here
+-- (dependents), as the edges' trigger would mark it: written once, not in a second row version
+-- that the claims of a large fan-out would then step over in their index.
 COPY {schema}.tasks (id, task, payload, queue, priority, max_attempts, limit_key, workflow_id,
-                     state, trace_context)
+                     state, trace_context, dependents)
 FROM STDIN;
 
 -- name: workflow_copy_edges
