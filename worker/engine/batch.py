@@ -18,7 +18,8 @@ import psycopg
 from .. import store
 from ..db.sql import Queries
 from ..tasks.registry import TaskDef
-from .job import Job, failure
+from .job import Job
+from .outcomes import Finished
 
 log = logging.getLogger("worker")
 
@@ -169,38 +170,18 @@ class Batcher:
     ) -> tuple[dict[int, str], dict[int, str]]:
         """The done, failed and handed-back jobs, one statement each: ({id: "done" or
         "cancelled"} of the jobs that succeeded, {id: new state} of the others). Rows with a
-        cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results) take
-        a statement of their own, and those of tasks that store one are announced to waiters; the
-        others' acknowledgement is ``complete`` alone. Workflow steps that others wait for carry
-        their result (see engine.runners), and the statement that acknowledges them settles their
-        dependents (``store.complete_steps``); steps that failed or were handed back settle theirs
-        after (``store.settle_steps``). With
-        ``claim_follows``, a claim comes next in this transaction: the queues where steps become
-        ready are not woken now (that claim reads them), and ``wake_left`` wakes them after it if
-        it may have left a ready step behind."""
-        done = [
-            (j.id, j.attempt)
-            for j in jobs
-            if j.outcome and j.outcome.ok and j.outcome.result is None
-        ]
-        carry = [j for j in jobs if j.outcome and j.outcome.ok and j.outcome.result is not None]
-        with_result, step_results = [], []
-        for j in carry:
-            assert j.outcome is not None and j.outcome.result is not None
-            (step_results if j.claimed.dependents else with_result).append(
-                (j.id, j.attempt, j.outcome.result)
-            )
-        failures = [
-            failure(j)
-            for j in jobs
-            if j.outcome and not j.outcome.ok and not j.outcome.handback and not j.outcome.released
-        ]
-        released = [(j.id, j.attempt) for j in jobs if j.outcome and j.outcome.released]
-        handbacks = [
-            (j.id, j.attempt, j.outcome.error or "")
-            for j in jobs
-            if j.outcome and j.outcome.handback
-        ]
+        cancel request end "cancelled" either way. Jobs that carry a result (see tasks.results)
+        take a statement of their own, and those of tasks that store one are announced to
+        waiters; the others' acknowledgement is ``complete`` alone. Workflow steps that others
+        wait for carry their result (see engine.runners), and the statement that acknowledges
+        them settles their dependents (``store.complete_steps``); steps that failed or were
+        handed back settle theirs after (``store.settle_steps``). With ``claim_follows``, a
+        claim comes next in this transaction: the queues where steps become ready are not woken
+        now (that claim reads them), and ``wake_left`` wakes them after it if it may have left
+        a ready step behind."""
+        f = Finished.of(jobs)
+        done, with_result, step_results = f.done, f.with_result, f.step_results
+        failures, released, handbacks, carry = f.failures, f.released, f.handbacks, f.carry
         kept: dict[int, str] = {}
         states: dict[int, str] = {}
         # Steps made ready here are read by the claim that follows in this transaction: a
@@ -243,11 +224,8 @@ class Batcher:
         if failures:
             states = store.fail(conn, self.q.schema, worker_id=self.worker_id, failures=failures)
             # Tasks that store a result and failed for good: their waiters hear it at once.
-            ended = [
-                j.id
-                for j in jobs
-                if states.get(j.id) == "failed" and self.stores_result(j.definition)
-            ]
+            failed = [j for j in jobs if states.get(j.id) == "failed"]
+            ended = [j.id for j in failed if self.stores_result(j.definition)]
             if ended:
                 store.notify_done(conn, self.q.schema, channel=self.done_channel, ids=ended)
         if handbacks:

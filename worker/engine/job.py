@@ -28,9 +28,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import Claimed, Failure
-from ..tasks.backoff import retry_delay
-from ..tasks.registry import DEFAULT_BACKOFF, TaskDef
+from ..store import Claimed
+from ..tasks.registry import TaskDef
 
 MAX_ERROR_CHARS = 4000
 
@@ -355,21 +354,6 @@ def clean_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text
 
 
-def failure(job: Job) -> Failure:
-    """The retry statement's view of a failed job: when to try again, and why it failed."""
-    c, outcome = job.claimed, job.outcome
-    assert outcome is not None
-    base = job.definition.retry_backoff if job.definition else DEFAULT_BACKOFF
-    return Failure(
-        c.id,
-        c.attempt,
-        retry_delay(c.attempt, base),
-        outcome.error or "",
-        outcome.permanent,
-        job.definition.max_attempts,
-    )
-
-
 __all__ = [
     "LEASED",
     "Job",
@@ -380,6 +364,5 @@ __all__ = [
     "clean_text",
     "decode_payload",
     "display",
-    "failure",
     "format_error",
 ]
