@@ -447,6 +447,14 @@ BEGIN
     IF action = 'retry' AND changed > 0 THEN
         PERFORM pg_notify(array_to_string(parse_ident('"worker".tasks'), '.'), '');
     END IF;
+    IF action = 'cancel' AND changed > 0 AND NOT dry_run THEN
+        -- Workflow steps this batch cancelled: the steps that wait for them are cancelled too,
+        -- in this transaction, as cancel_tasks does (their finished_at is this transaction's).
+        PERFORM "worker".settle_steps(ARRAY(
+            SELECT t.id FROM "worker".tasks AS t
+             WHERE t.dependents AND t.state IN ('done', 'failed', 'cancelled')
+               AND t.state = 'cancelled' AND t.finished_at = now()));
+    END IF;
     RETURN NEXT;
 END;
 $$;

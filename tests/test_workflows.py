@@ -17,7 +17,7 @@ import flows_module as fm
 import psutil
 import psycopg
 import pytest
-from conftest import spawn_cli, states, wait_until
+from conftest import run_cli, spawn_cli, states, wait_until
 from psycopg.types.json import Jsonb
 from test_pool import child_pids, kill_tree, live_workers
 from test_runtime import overlapping_runs
@@ -412,6 +412,36 @@ def test_cancelling_a_workflow_cancels_its_waiting_steps_and_stops_its_running_o
         assert [row(conn, schema, ids[s])[0] for s in flow.steps[1:]] == ["cancelled"] * 2
         wait_until(lambda: unfinished(conn, schema) == 0, timeout=40)
     assert row(conn, schema, ids[flow.steps[0]])[0] == "cancelled"
+
+
+def test_a_bulk_cancel_of_a_step_cancels_its_dependents_at_once_and_a_bulk_retry_resumes_them(
+    recorded: str, pg_dsn: str, conn: psycopg.Connection
+) -> None:
+    """`worker cancel --ids` of a queued step (a bulk action, no worker running): the join that
+    waits for it ends cancelled in the same command, naming it, and the step that runs on
+    failure is released; `worker retry --ids --state cancelled` of the step makes both wait for
+    it again."""
+    schema = recorded
+    flow = worker.Workflow("bulk")
+    a, b = flow.add(fm.add, {"n": 1}), flow.add(fm.add, {"n": 2})
+    join = flow.add(fm.collect, depends_on=[a, b])
+    anyway = flow.add(fm.collect, depends_on=[worker.after(a, run_on_failure=True)])
+    ids = worker.enqueue_workflow(conn, flow, schema=schema)
+    out = run_cli("cancel", "--ids", str(ids[a]), "--yes", "--dsn", pg_dsn, "--schema", schema)
+    assert out.returncode == 0, out.stderr
+    state, _, _, error = row(conn, schema, ids[join])
+    assert (state, error) == (
+        "cancelled",
+        f"DependencyFailed: step {ids[a]} (wf.add) ended cancelled",
+    )
+    assert row(conn, schema, ids[anyway])[:3] == ("queued", None, [None])
+    out = run_cli(
+        *("retry", "--ids", str(ids[a]), "--state", "cancelled", "--yes"),
+        *("--dsn", pg_dsn, "--schema", schema),
+    )
+    assert out.returncode == 0, out.stderr
+    assert row(conn, schema, ids[a])[0] == "queued"
+    assert row(conn, schema, ids[join])[0] == "waiting"
 
 
 # -- real processes, real signals -----------------------------------------------------------------
