@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -190,24 +191,29 @@ def complete_with_result(
     result. Returns {id: "done" | "cancelled"} for the rows that were still ours."""
     if not done:
         return {}
+    params = _with_results(done, worker_id)
+    kept: dict[int, str] = {}
+    if move:
+        moved = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
+        kept = {r[0]: "done" for r in moved}
+        if len(kept) == len(done):
+            return kept
+        rest = [row for row in done if row[0] not in kept]
+        return kept | complete_with_result(conn, schema, worker_id=worker_id, done=rest)
+    rows = conn.execute(statements(schema)["complete_with_result"], params, **PLAN_EACH).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def _with_results(done: Sequence[tuple[int, int, str]], worker_id: str) -> dict[str, Any]:
+    """The parameters of the statements that store results: (id, attempt, result JSON) each."""
     ids, attempts, results = zip(*done, strict=True)
-    params = {
+    return {
         "ids": int_array(ids),
         "attempts": int_array(attempts),
         # As text: psycopg adapts a list of a hundred strings in about 250 µs (see int_array).
         "results": text_array(results),
         "worker_id": worker_id,
     }
-    kept: dict[int, str] = {}
-    if move:
-        moved = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
-        kept = {r[0]: "done" for r in moved}
-        if len(kept) == len(ids):
-            return kept
-        rest = [row for row in done if row[0] not in kept]
-        return kept | complete_with_result(conn, schema, worker_id=worker_id, done=rest)
-    rows = conn.execute(statements(schema)["complete_with_result"], params, **PLAN_EACH).fetchall()
-    return {r[0]: r[1] for r in rows}
 
 
 def complete_steps(
@@ -224,14 +230,7 @@ def complete_steps(
     runnable); those in ``quiet`` are not woken (see settle_steps)."""
     if not done:
         return {}, []
-    ids, attempts, results = zip(*done, strict=True)
-    params = {
-        "ids": int_array(ids),
-        "attempts": int_array(attempts),
-        "results": text_array(results),
-        "worker_id": worker_id,
-        "quiet": text_array(quiet),
-    }
+    params = {**_with_results(done, worker_id), "quiet": text_array(quiet)}
     rows = conn.execute(statements(schema)["complete_steps"], params, **PLAN_EACH).fetchall()
     return {r[0]: r[1] for r in rows}, list(rows[0][3] or []) if rows else []
 
