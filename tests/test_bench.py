@@ -115,6 +115,8 @@ def test_the_workflow_phases_report_a_fan_out_against_a_plain_drain_and_a_chain(
     c = report["workflows"]["chain"]
     assert c["steps"] == 40 and c["processes"] == 2 and c["steps_per_s"] > 0
     assert 0 <= c["hop_p50_ms"] <= c["hop_p99_ms"] <= c["hop_max_ms"]
+    assert c["ceiling_hops_per_s"] > 0
+    assert c["ceiling_ratio"] == pytest.approx(c["steps_per_s"] / c["ceiling_hops_per_s"], rel=0.01)
     assert c["target_met"] is (c["steps_per_s"] >= 500)
 
 
