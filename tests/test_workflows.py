@@ -491,21 +491,26 @@ def test_a_join_whose_inputs_finish_at_the_same_instant_runs_exactly_once(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("processes", [2, 4])
 def test_sigkill_in_the_middle_of_a_fan_in_loses_no_join(
-    recorded: str, conn: psycopg.Connection, pg_dsn: str
+    recorded: str, conn: psycopg.Connection, pg_dsn: str, processes: int
 ) -> None:
     """A child process is SIGKILLed while it runs inputs of a fan-in: its rows come back and run
     again, never two attempts at once, and the join runs once with every input."""
     schema = recorded
     n = 200
     flow = worker.group(
-        [worker.step(fm.sleep, {"s": 0.05, "n": i}) for i in range(n)], then=worker.step(fm.collect)
+        [worker.step(fm.sleep, {"s": 0.2, "n": i}) for i in range(n)], then=worker.step(fm.collect)
     )
     ids = worker.enqueue_workflow(conn, flow, schema=schema)
     join = ids[flow.steps[-1]]
-    with pool(pg_dsn, schema, "--processes", "2", "--concurrency", "8", "--lease", "2") as proc:
+    with pool(
+        pg_dsn, schema, "--processes", str(processes), "--concurrency", "8", "--lease", "2"
+    ) as proc:
+        wait_until(lambda: len(child_pids(proc)) == processes, timeout=60)
         wait_until(lambda: states(conn, schema).get("done", 0) >= 40, timeout=60)
-        victim = sorted(child_pids(proc))[0]
+        # A child that is running inputs now (the others may be between two claims).
+        victim = wait_until(lambda: running_pid(conn, schema, child_pids(proc)), timeout=30)
         os.kill(victim, signal.SIGKILL)
         killed = conn.execute("SELECT clock_timestamp()").fetchone()[0]
         wait_until(lambda: row(conn, schema, join)[0] == "done", timeout=90)
@@ -524,6 +529,16 @@ def test_sigkill_in_the_middle_of_a_fan_in_loses_no_join(
         f"SELECT count(DISTINCT task_id) FROM {schema}.runs WHERE attempt > 1"
     ).fetchone()[0]
     assert again >= 1  # the killed process was running some of them
+
+
+def running_pid(conn: psycopg.Connection, schema: str, pids: set[int]) -> int | None:
+    """One of these processes that holds a task in progress, or None."""
+    row = conn.execute(
+        f"SELECT w.pid FROM {schema}.tasks AS t JOIN {schema}.workers AS w"
+        f" ON w.id = t.worker_id WHERE t.state = 'in_progress' AND w.pid = ANY(%s) LIMIT 1",
+        (sorted(pids),),
+    ).fetchone()
+    return row[0] if row else None
 
 
 @pytest.mark.slow
@@ -566,8 +581,9 @@ def psutil_tree(proc: subprocess.Popen) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("processes", [2, 4])
 def test_a_graceful_stop_in_the_middle_of_a_workflow_leaves_it_resumable(
-    recorded: str, conn: psycopg.Connection, pg_dsn: str
+    recorded: str, conn: psycopg.Connection, pg_dsn: str, processes: int
 ) -> None:
     schema = recorded
     flow = worker.Workflow("stopped")
@@ -575,7 +591,8 @@ def test_a_graceful_stop_in_the_middle_of_a_workflow_leaves_it_resumable(
     join = flow.add(fm.collect, depends_on=fan)
     tail = flow.add(fm.collect, depends_on=[join])
     ids = worker.enqueue_workflow(conn, flow, schema=schema)
-    with pool(pg_dsn, schema, "--processes", "2", "--concurrency", "4", "--grace", "0.1") as proc:
+    stop = ("--processes", str(processes), "--concurrency", "4", "--grace", "0.1")
+    with pool(pg_dsn, schema, *stop) as proc:
         wait_until(lambda: states(conn, schema).get("done", 0) >= 8, timeout=60)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
