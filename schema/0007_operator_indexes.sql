@@ -7,32 +7,11 @@
 -- for tasks_finished_idx, which they replace), and for the scheduled one only when it is delayed.
 -- The due path (insert, claim, complete) gains no index.
 --
--- CREATE INDEX here blocks writes to the table while it builds (seconds per million rows); the
--- migrator runs each file in one transaction, which CREATE INDEX CONCURRENTLY cannot run in.
+-- The indexes are built after the file's transaction commits (below `-- worker:online`), without
+-- stopping the workers' reads and writes of the table; the index they replace goes after them.
 --
 -- {schema} stands for the configured schema name, quoted by the migrator; nothing else is
 -- substituted.
-
--- Retention keeps done and cancelled rows for an hour and failed rows for a week. In one index
--- ordered by finished_at, the kept failures sat in front of the expired done rows, and every purge
--- round walked all of them (0.6-1.9 s a round at 1M failures). Apart, each purge reads only
--- entries it deletes (queries/tasks.sql, purge).
-DROP INDEX {schema}.tasks_finished_idx;
-CREATE INDEX tasks_done_idx ON {schema}.tasks (finished_at)
-    WHERE state IN ('done', 'cancelled');
-
--- Failures: oldest first for purge and `retry --failed`, newest first for the status views.
-CREATE INDEX tasks_failed_idx ON {schema}.tasks (finished_at, id)
-    WHERE state = 'failed';
-
--- Failures of one queue, for `retry --failed --queue` and per-queue counts (index-only, bounded).
-CREATE INDEX tasks_failed_queue_idx ON {schema}.tasks (queue, finished_at, id)
-    WHERE state = 'failed';
-
--- Delayed rows of one queue: per-queue counts and "is anything due here" without reading the
--- rows. tasks_scheduled_idx (run_at) serves promotion, which reads every queue in run_at order.
-CREATE INDEX tasks_scheduled_queue_idx ON {schema}.tasks (queue, run_at)
-    WHERE state = 'scheduled';
 
 -- The planner's estimate of one queue's rows in one state, which status shows where a count stopped
 -- at its cap: what EXPLAIN says (from the joint statistics below, so per queue, and scaled to the
@@ -51,3 +30,27 @@ BEGIN
     RETURN (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8;
 END;
 $$;
+
+-- worker:online
+
+-- Retention keeps done and cancelled rows for an hour and failed rows for a week. In one index
+-- ordered by finished_at, the kept failures sat in front of the expired done rows, and every purge
+-- round walked all of them (0.6-1.9 s a round at 1M failures). Apart, each purge reads only
+-- entries it deletes (queries/tasks.sql, purge).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_done_idx ON {schema}.tasks (finished_at)
+    WHERE state IN ('done', 'cancelled');
+
+-- Failures: oldest first for purge and `retry --failed`, newest first for the status views.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_failed_idx ON {schema}.tasks (finished_at, id)
+    WHERE state = 'failed';
+
+-- Failures of one queue, for `retry --failed --queue` and per-queue counts (index-only, bounded).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_failed_queue_idx ON {schema}.tasks (queue, finished_at, id)
+    WHERE state = 'failed';
+
+-- Delayed rows of one queue: per-queue counts and "is anything due here" without reading the
+-- rows. tasks_scheduled_idx (run_at) serves promotion, which reads every queue in run_at order.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_scheduled_queue_idx ON {schema}.tasks (queue, run_at)
+    WHERE state = 'scheduled';
+
+DROP INDEX CONCURRENTLY IF EXISTS {schema}.tasks_finished_idx;

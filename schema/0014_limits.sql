@@ -20,17 +20,6 @@ ALTER TABLE {schema}.tasks
 -- while they run, so the unlimited claim (which never sets it) adds nothing to the index below.
 ALTER TABLE {schema}.tasks ADD COLUMN limit_held boolean;
 
--- Running rows claimed under a limit, per queue and key: what a limited claim counts.
-CREATE INDEX tasks_limit_running_idx ON {schema}.tasks (queue, limit_key)
-    WHERE state = 'in_progress' AND limit_held;
-
--- Queued rows with a key, per key in claim order: a claim of a queue with per-key limits reads
--- the first rows of each key that has room, so a key at its limit with a deep backlog costs the
--- others one index probe, not a walk over its backlog (no head-of-line blocking). Rows without a
--- key never enter it.
-CREATE INDEX tasks_limit_key_idx ON {schema}.tasks (queue, limit_key, (-priority), run_at, id)
-    WHERE state = 'queued' AND limit_key IS NOT NULL;
-
 -- One row per limited queue. NULL: no such limit. concurrency: at most this many running in the
 -- queue; key_concurrency: at most this many running per key; rate per rate_seconds: at most
 -- that many starts in any window of that length, in the queue; key_rate per key_rate_seconds:
@@ -369,3 +358,18 @@ BEGIN
     RETURN new_id;
 END;
 $$;
+
+-- worker:online
+-- Built after the transaction above commits, without stopping the workers' reads and writes
+-- of the table (see worker.db.migrate).
+
+-- Running rows claimed under a limit, per queue and key: what a limited claim counts.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_limit_running_idx ON {schema}.tasks (queue, limit_key)
+    WHERE state = 'in_progress' AND limit_held;
+
+-- Queued rows with a key, per key in claim order: a claim of a queue with per-key limits reads
+-- the first rows of each key that has room, so a key at its limit with a deep backlog costs the
+-- others one index probe, not a walk over its backlog (no head-of-line blocking). Rows without a
+-- key never enter it.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_limit_key_idx ON {schema}.tasks (queue, limit_key, (-priority), run_at, id)
+    WHERE state = 'queued' AND limit_key IS NOT NULL;

@@ -38,15 +38,6 @@ ALTER TABLE {schema}.tasks
     ADD COLUMN dependents   boolean,
     ADD COLUMN inputs       jsonb;
 
--- A workflow's steps, in the order they were inserted (status, the console, cancel).
-CREATE INDEX tasks_workflow_idx ON {schema}.tasks (workflow_id, id) WHERE workflow_id IS NOT NULL;
--- Finished steps whose edges are not settled yet: the maintenance sweep's work (a step finished
--- by a rescue, a supervisor's hand-back or an SQL update). Empty almost always.
-CREATE INDEX tasks_unsettled_idx ON {schema}.tasks (id)
-    WHERE dependents AND state IN ('done', 'failed', 'cancelled');
--- Waiting steps with nothing left to wait for (inserted so by SQL): the sweep releases them.
-CREATE INDEX tasks_waiting_free_idx ON {schema}.tasks (id)
-    WHERE state = 'waiting' AND coalesce(pending_deps, 0) <= 0;
 
 CREATE TABLE {schema}.task_deps (
     task_id        bigint  NOT NULL,  -- the step that waits
@@ -610,3 +601,17 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+
+-- worker:online
+-- Built after the transaction above commits, without stopping the workers' reads and writes
+-- of the table (see worker.db.migrate).
+
+-- A workflow's steps, in the order they were inserted (status, the console, cancel).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_workflow_idx ON {schema}.tasks (workflow_id, id) WHERE workflow_id IS NOT NULL;
+-- Finished steps whose edges are not settled yet: the maintenance sweep's work (a step finished
+-- by a rescue, a supervisor's hand-back or an SQL update). Empty almost always.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_unsettled_idx ON {schema}.tasks (id)
+    WHERE dependents AND state IN ('done', 'failed', 'cancelled');
+-- Waiting steps with nothing left to wait for (inserted so by SQL): the sweep releases them.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_waiting_free_idx ON {schema}.tasks (id)
+    WHERE state = 'waiting' AND coalesce(pending_deps, 0) <= 0;

@@ -2149,7 +2149,8 @@ CREATE TABLE worker.queue_minutes (
 CREATE TABLE worker.schema_migrations (
     version integer NOT NULL,
     name text NOT NULL,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    complete boolean DEFAULT true NOT NULL
 );
 
 -- Name: stats_minutes; Type: TABLE; Schema: worker; Owner: -

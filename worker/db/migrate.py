@@ -1,11 +1,26 @@
-"""Apply ``schema/NNNN_*.sql`` in order, once each, from any number of processes at once."""
+"""Apply ``schema/NNNN_*.sql`` in order, once each, from any number of processes at once.
+
+A file is applied in one transaction, except what follows its ``-- worker:online`` line: index
+builds on tables that may hold millions of rows (``CREATE INDEX CONCURRENTLY IF NOT EXISTS``),
+and drops of the indexes they replace. Those run after that transaction commits, one at a time,
+and take no lock that stops the workers reading or writing the table: a database upgrades while
+its workers drain. The version is recorded with the transaction, incomplete until its online
+statements are done, and any ``migrate`` finishes an incomplete version before it applies the
+next (an interrupted build leaves an invalid index, dropped and built again).
+
+The transaction waits at most ``LOCK_TIMEOUT`` for each lock: a transaction left open on a table
+it alters (a report in psql) would otherwise queue every worker's statement behind the
+migration's lock for as long as it stays open. It gives up, lets them through, and tries again.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,7 +31,17 @@ from psycopg import sql
 from ..errors import SchemaMissing
 from .sql import render, validate_schema_name
 
+log = logging.getLogger("worker")
+
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+ONLINE_MARK = "-- worker:online"
+_ONLINE = re.compile(
+    r"^(?:CREATE (?:UNIQUE )?INDEX CONCURRENTLY IF NOT EXISTS (?P<built>\w+) ON "
+    r"|DROP INDEX CONCURRENTLY IF EXISTS \{schema\}\.\w+$)"
+)
+# Longest the migration's transaction waits for one lock, and how often it tries again.
+LOCK_TIMEOUT = 2.0
+LOCK_TRIES = 60
 # Two-key advisory lock namespace: (this application, this schema). See locks for the hashing.
 MIGRATE_LOCK_CLASS = 0x776B7201 - 2**31  # fits in int4
 DEFAULT_SCHEMA = "worker"
@@ -26,7 +51,30 @@ DEFAULT_SCHEMA = "worker"
 class Migration:
     version: int
     name: str
-    text: str
+    text: str  # the part applied in one transaction
+    online: tuple[str, ...] = ()  # run after it commits, outside any transaction
+
+    @property
+    def built(self) -> list[str]:
+        """The indexes the online statements build."""
+        return [m["built"] for s in self.online if (m := _ONLINE.match(s)) and m["built"]]
+
+
+def parse(version: int, name: str, text: str) -> Migration:
+    """A migration file: its transaction, and the statements after ``-- worker:online`` (each
+    ends with ``;`` at the end of a line; only idempotent index builds and drops)."""
+    head, mark, tail = text.partition(f"\n{ONLINE_MARK}\n")
+    if not mark:
+        return Migration(version, name, text)
+    online = []
+    for chunk in re.split(r";[ \t]*\n", tail):
+        statement = _statements(chunk)
+        if not statement:
+            continue
+        if not _ONLINE.match(statement):
+            raise RuntimeError(f"migration {version:04d}: not an online statement: {statement}")
+        online.append(statement)
+    return Migration(version, name, head, tuple(online))
 
 
 def schema_dir() -> Path:
@@ -43,7 +91,7 @@ def migrations() -> list[Migration]:
     for path in sorted(schema_dir().glob("*.sql")):
         match = _FILE.match(path.name)
         if match:
-            found.append(Migration(int(match.group(1)), match.group(2), path.read_text()))
+            found.append(parse(int(match.group(1)), match.group(2), path.read_text()))
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise RuntimeError(f"duplicate migration versions in {schema_dir().name}/")
@@ -59,62 +107,209 @@ def _lock_key(schema: str) -> int:
 
 
 def migrate(conn: psycopg.Connection, schema: str, *, up_to: int | None = None) -> list[str]:
-    """Apply pending migrations, each in a transaction of its own, and return their names;
-    ``up_to`` stops at that version (Django's migrations apply the schema one version each).
+    """Apply pending migrations, each in a transaction of its own followed by its online
+    statements, and return their names; ``up_to`` stops at that version (Django's migrations
+    apply the schema one version each).
 
     A transaction-level advisory lock serializes concurrent migrators (they wait, then find
     nothing to do), works behind a transaction-pooling PgBouncer, and is released even if the
-    migrating process dies. Each file is all-or-nothing: a failing migration leaves the schema at
-    the previous version. One transaction per file because PostgreSQL cannot use an enum value
-    in the transaction that added it (0005 adds one, 0006 uses it).
+    migrating process dies. Each file's transaction is all-or-nothing: a failing migration leaves
+    the schema at the previous version. One transaction per file because PostgreSQL cannot use an
+    enum value in the transaction that added it (0005 adds one, 0006 uses it).
     """
     validate_schema_name(schema)
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("migrate() needs a connection outside any transaction")
     applied: list[str] = []
+    _begin(conn, schema)
     while True:
-        name = _apply_next(conn, schema, up_to)
-        if name is None:
+        step = _with_locks_retried(lambda: _apply_next(conn, schema, up_to))
+        if step is None:
             return applied
-        applied.append(name)
+        m, new = step
+        if m.online:
+            _finish_online(conn, schema, m)
+        if new:
+            applied.append(f"{m.version:04d}_{m.name}")
 
 
-def _apply_next(conn: psycopg.Connection, schema: str, up_to: int | None) -> str | None:
-    """Apply the first pending migration (up to ``up_to``) in one transaction; None when none is
-    pending."""
+def _begin(conn: psycopg.Connection, schema: str) -> None:
+    """Create the schema and its record of migrations if need be."""
     ident = sql.Identifier(schema)
     with conn.transaction():
-        conn.execute(
-            "SELECT pg_advisory_xact_lock(%s, %s)", (MIGRATE_LOCK_CLASS, _lock_key(schema))
-        )
+        _lock(conn, schema)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {}.schema_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
+                " applied_at timestamptz NOT NULL DEFAULT now(),"
+                " complete boolean NOT NULL DEFAULT true)"
             ).format(ident)
         )
-        done = {
-            row[0]
-            for row in conn.execute(
-                sql.SQL("SELECT version FROM {}.schema_migrations").format(ident)
+        # Recorded before online statements existed: every version was complete. Looked up
+        # first, so that a migrate with nothing to do takes no lock on the table.
+        known = conn.execute(
+            "SELECT 1 FROM pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attname = 'complete' AND NOT attisdropped",
+            (f"{sql.Identifier(schema).as_string(conn)}.schema_migrations",),
+        ).fetchone()
+        if not known:
+            conn.execute(
+                sql.SQL(
+                    "ALTER TABLE {}.schema_migrations"
+                    " ADD COLUMN complete boolean NOT NULL DEFAULT true"
+                ).format(ident)
             )
-        }
+
+
+def _lock(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (MIGRATE_LOCK_CLASS, _lock_key(schema)))
+
+
+def _apply_next(
+    conn: psycopg.Connection, schema: str, up_to: int | None
+) -> tuple[Migration, bool] | None:
+    """Apply the transaction of the first pending migration (up to ``up_to``): (it, True). Or,
+    while a version's online statements have not all run (another migrator runs them now, or
+    one stopped in the middle of them), that version and False: it is finished before anything
+    else is applied. None when nothing is pending."""
+    ident = sql.Identifier(schema)
+    with conn.transaction():
+        _lock(conn, schema)
+        done = dict(
+            conn.execute(
+                sql.SQL("SELECT version, complete FROM {}.schema_migrations").format(ident)
+            ).fetchall()
+        )
         for m in migrations():
+            if done.get(m.version) is False:
+                return m, False
             if m.version in done:
                 continue
             if up_to is not None and m.version > up_to:
                 return None
-            conn.execute(render(m.text, schema))
+            # After the advisory lock: another migrator may hold that one for long.
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{LOCK_TIMEOUT}s",))
+            if _statements(m.text):
+                conn.execute(render(m.text, schema))
             conn.execute(
-                sql.SQL("INSERT INTO {}.schema_migrations (version, name) VALUES (%s, %s)").format(
-                    ident
-                ),
-                (m.version, m.name),
+                sql.SQL(
+                    "INSERT INTO {}.schema_migrations (version, name, complete) VALUES (%s, %s, %s)"
+                ).format(ident),
+                (m.version, m.name, not m.online),
             )
-            return f"{m.version:04d}_{m.name}"
+            return m, True
     return None
+
+
+def _with_locks_retried(
+    apply: Callable[[], tuple[Migration, bool] | None],
+) -> tuple[Migration, bool] | None:
+    """``apply`` again while a lock it needs stays taken past ``LOCK_TIMEOUT``; in between, the
+    statements that queued behind its lock run."""
+    for attempt in range(1, LOCK_TRIES + 1):
+        try:
+            return apply()
+        except psycopg.errors.LockNotAvailable as exc:
+            if attempt == LOCK_TRIES:
+                # A database error, as the CLI reports them (exit 5).
+                raise psycopg.errors.LockNotAvailable(
+                    f"migration gave up after {LOCK_TRIES} tries: another transaction kept a "
+                    f"lock it needs ({_first_line(exc)}); end that transaction and run it again"
+                ) from None
+            log.warning(
+                "migration waits for a lock another transaction holds (%s); trying again",
+                _first_line(exc),
+            )
+            time.sleep(min(0.5 * attempt, 5.0))
+    return None
+
+
+def _finish_online(conn: psycopg.Connection, schema: str, m: Migration) -> None:
+    """Run the online statements of ``m`` (its transaction committed), then mark it complete."""
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    try:
+        for statement in m.online:
+            _run_online(conn, schema, statement)
+    finally:
+        conn.autocommit = autocommit
+    with conn.transaction():
+        _lock(conn, schema)
+        bad = [name for name in m.built if _invalid(conn, schema, name)]
+        if bad:
+            raise psycopg.errors.ObjectNotInPrerequisiteState(
+                f"migration {m.version:04d} left index {bad[0]} invalid; run it again"
+            )
+        conn.execute(
+            sql.SQL("UPDATE {}.schema_migrations SET complete = true WHERE version = %s").format(
+                sql.Identifier(schema)
+            ),
+            (m.version,),
+        )
+
+
+def _run_online(conn: psycopg.Connection, schema: str, statement: str) -> None:
+    """One online statement, once no other session builds an index in the schema.
+
+    Two concurrent builds on one table can deadlock: each waits for the other's transaction to
+    end. So a migrator waits for another's build by polling from here, where it holds no
+    transaction (nor a session-level lock, which a transaction-pooling PgBouncer would strand on
+    one of its connections), and tries again if the database broke a deadlock all the same. An
+    index left invalid by an interrupted build is dropped and built again; one already there is
+    left alone (IF NOT EXISTS)."""
+    built = _ONLINE.match(statement)
+    for attempt in range(1, LOCK_TRIES + 1):
+        while _building_elsewhere(conn, schema):
+            time.sleep(0.2)
+        try:
+            if built and built["built"] and _invalid(conn, schema, built["built"]):
+                conn.execute(
+                    sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}.{}").format(
+                        sql.Identifier(schema), sql.Identifier(built["built"])
+                    )
+                )
+            conn.execute(render(statement, schema))
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == LOCK_TRIES:
+                raise
+            time.sleep(0.1 * attempt)
+
+
+def _building_elsewhere(conn: psycopg.Connection, schema: str) -> bool:
+    """Whether another session builds an index on a table of ``schema`` now."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index AS p"
+        "  JOIN pg_class AS c ON c.oid = p.relid JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE p.pid <> pg_backend_pid() AND n.nspname = %s)",
+        (schema,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _invalid(conn: psycopg.Connection, schema: str, index: str) -> bool:
+    """Whether ``index`` exists and is invalid (a build failed or is under way)."""
+    row = conn.execute(
+        "SELECT NOT i.indisvalid"
+        "  FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+        "  JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        (schema, index),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _statements(text: str) -> str:
+    """``text`` without its comment lines and blank lines."""
+    return "\n".join(
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--")
+    ).strip()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip() or type(exc).__name__).splitlines()[0]
 
 
 def current_version(conn: psycopg.Connection, schema: str) -> int:
