@@ -10,10 +10,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import flows_module as fm
 import psycopg
 import pytest
 from conftest import _dump_schema, wait_until
+from test_runtime import overlapping_runs
+from test_workflows import pool
 
+import worker
 import worker.db.migrate as migrator
 from worker.cli.common import database_error
 from worker.db.migrate import current_version, latest_version, migrate
@@ -270,3 +274,60 @@ def test_a_migration_held_up_for_good_stops_with_one_line(
     assert code == 5 and "\n" not in line
     assert "gave up after 2 tries" in line and "end that transaction and run it again" in line
     assert current_version(conn, old) == BEFORE
+
+
+def test_workers_drain_through_an_online_migration_losing_nothing_and_running_nothing_twice(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real `worker run` processes drain 3,000 tasks over 200,000 finished rows while a migration
+    builds an index on the task table. A producer's transaction open meanwhile holds the build
+    up (it waits for it): the workers go on finishing tasks all the while, and when it is over
+    every task ran once, none two attempts at once, and the index is valid."""
+    fm.make_runs(conn, schema)
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, payload, state, attempts, finished_at)"
+        f" SELECT 'wf.noop', '{{}}', 'done', 1, now() FROM generate_series(1, 200000)"
+    )
+    n = 3000
+    worker.enqueue_many(conn, "wf.add", ({"n": i, "s": 0.02} for i in range(n)), schema=schema)
+    probe_index = migrator.Migration(
+        latest_version() + 1,
+        "probe_index",
+        "CREATE TABLE {schema}.probe (id integer);",
+        ("CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_probe_idx ON {schema}.tasks (task, id)",),
+    )
+    real = migrator.migrations()
+    monkeypatch.setattr(migrator, "migrations", lambda: [*real, probe_index])
+    reached, go = hold_online(monkeypatch)
+    done = f"SELECT count(*) FROM {schema}.tasks WHERE task = 'wf.add' AND state = 'done'"
+    with pool(pg_dsn, schema, "--processes", "2", "--concurrency", "8"):
+        wait_until(lambda: conn.execute(done).fetchone()[0] >= 100, timeout=60)
+        mconn = psycopg.connect(pg_dsn, autocommit=True)
+        pid = mconn.info.backend_pid
+        t, out = in_thread(lambda: migrate(mconn, schema))
+        try:
+            assert reached.wait(60)
+            with psycopg.connect(pg_dsn) as probe:
+                probe.execute(f"INSERT INTO {schema}.tasks (task) VALUES ('wf.noop')")
+                go.set()
+                wait_until(lambda: backend_waits(conn, pid) == "Lock:virtualxid", timeout=30)
+                before = conn.execute(done).fetchone()[0]
+                assert before <= n - 300  # enough left to see the workers go on
+                wait_until(lambda: conn.execute(done).fetchone()[0] >= before + 200)
+                assert backend_waits(conn, pid) == "Lock:virtualxid"  # the build still waits
+                probe.commit()
+            t.join(60)
+        finally:
+            go.set()
+            t.join(60)
+            mconn.close()
+        assert out.get("value") == [f"{probe_index.version:04d}_probe_index"], out
+        wait_until(lambda: conn.execute(done).fetchone()[0] == n, timeout=120)
+    runs = conn.execute(
+        f"SELECT task_id, count(*) FROM {schema}.runs GROUP BY task_id HAVING count(*) > 1"
+    ).fetchall()
+    assert runs == []
+    assert conn.execute(f"SELECT count(DISTINCT task_id) FROM {schema}.runs").fetchone()[0] == n
+    assert overlapping_runs(conn, schema) == []
+    assert index_state(conn, schema, "tasks_probe_idx") is True
+    assert complete(conn, schema, probe_index.version) is True
