@@ -203,3 +203,27 @@ def test_assert_enqueued_matches_and_says_what_was_there(
 
     with pytest.raises(AssertionError, match=r"expected 1 task\(s\) 'send_email' in queue 'x'"):
         testing.assert_enqueued(tx, "send_email", queue="x", count=1, schema=schema)
+
+
+def test_a_transactional_step_hands_its_result_to_the_next_in_run_due(
+    tx: psycopg.Connection, schema: str
+) -> None:
+    """A chain whose first step is transactional: run_due completes it with its result and
+    releases the second step, as a worker does, and the second reads that result."""
+    reg = Registry()
+    seen: list[list] = []
+
+    @reg.task("first", transactional=True)
+    def first(payload: dict, ctx: worker.Context) -> int:
+        assert ctx.conn is not None
+        return 41
+
+    @reg.task("second")
+    def second(payload: dict, ctx: worker.Context) -> None:
+        seen.append(list(ctx.inputs))
+
+    flow = worker.chain(worker.step(first), worker.step(second))
+    worker.enqueue_workflow(tx, flow, schema=schema)
+    summary = testing.run_due(tx, reg, schema=schema)
+    assert [(r.task, r.state) for r in summary.runs] == [("first", "done"), ("second", "done")]
+    assert seen == [[41]]

@@ -5,8 +5,7 @@ the caller's connection, inside whatever transaction it has open: a test that en
 then rolls back leaves nothing behind. Rows move through the queue's own statements
 (``the store``: claim, complete, retry), so states, attempts, backoff and errors are the ones
 a worker would write. ``enqueued`` and ``assert_enqueued`` read what was enqueued.
-``run_workflow(flow)`` runs a workflow's steps in dependency order in this process, with no
-database at all.
+``run_workflow(flow)`` runs a workflow's steps in dependency order, with no database at all.
 
 Time stands still inside a transaction (``now()`` is its start), so a retried task, whose next
 attempt is scheduled after a backoff, is not due again within the same ``run_due``; neither is a
@@ -83,13 +82,10 @@ class RunSummary:
     def check(self) -> RunSummary:
         """Raise AssertionError naming every failed attempt and unknown task; else self."""
         bad = [*self.failed, *self.handed_back]
+        lines = [f"  #{r.id} {r.task} attempt {r.attempt} -> {r.state}: {_first(r)}" for r in bad]
         if bad:
-            lines = [
-                f"  #{r.id} {r.task} attempt {r.attempt} -> {r.state}: {_first(r)}" for r in bad
-            ]
-            raise AssertionError(
-                f"{len(bad)} of {len(self.runs)} task run(s) failed:\n" + "\n".join(lines)
-            )
+            head = f"{len(bad)} of {len(self.runs)} task run(s) failed:\n"
+            raise AssertionError(head + "\n".join(lines))
         return self
 
 
@@ -182,8 +178,9 @@ def _run_one(
         try:
             if d.transactional:
                 with conn.transaction():  # a savepoint: the handler's writes go with the row
-                    d.fn(payload, replace(ctx, conn=conn))
-                    store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
+                    value = d.fn(payload, replace(ctx, conn=conn))
+                    text = encode_result(value) if c.dependents else None
+                    _finish(conn, schema, worker_id, c, text)
                 return TaskRun(c.id, c.task, c.attempt, True, "done")
             value = _call(d, payload, ctx, loop)
             text = encode_result(value) if c.dependents else None
@@ -192,13 +189,7 @@ def _run_one(
         except Exception as exc:
             error = format_error(exc)
         else:
-            if text is None:
-                store.complete(conn, schema, worker_id=worker_id, done=[(c.id, c.attempt)])
-            else:  # a step others wait for: its result goes to them
-                store.complete_with_result(
-                    conn, schema, worker_id=worker_id, done=[(c.id, c.attempt, text)]
-                )
-                store.settle_steps(conn, schema, [c.id])
+            _finish(conn, schema, worker_id, c, text)
             return TaskRun(c.id, c.task, c.attempt, True, "done")
     delay = retry_delay(c.attempt, d.retry_backoff)
     failure = store.Failure(c.id, c.attempt, delay, error, permanent, d.max_attempts)
@@ -206,6 +197,16 @@ def _run_one(
     if c.dependents:
         store.settle_steps(conn, schema, [c.id])
     return TaskRun(c.id, c.task, c.attempt, False, state, error)
+
+
+def _finish(conn: psycopg.Connection, schema: str, w: str, c: store.Claimed, text: Any) -> None:
+    """Complete a row; a step others wait for hands them its result (``text``, encoded) and
+    releases them, as a worker does."""
+    if c.dependents:
+        store.complete_with_result(conn, schema, worker_id=w, done=[(c.id, c.attempt, text)])
+        store.settle_steps(conn, schema, [c.id])
+    else:
+        store.complete(conn, schema, worker_id=w, done=[(c.id, c.attempt)])
 
 
 def _call(d: TaskDef, payload: Any, ctx: Context, loop: asyncio.Runner) -> Any:
