@@ -349,7 +349,8 @@ def test_a_soak_with_the_history_keeps_done_tasks_out_of_the_task_table(pg_dsn: 
     for m in minutes:
         assert m["tasks"] > 0 and m["sampled"] == m["tasks"]
         _latency_sane(m)
-    assert minutes[0]["history_mb"] < minutes[1]["history_mb"]
+    # In bytes: a slow machine's minute may add less than the 0.1 MB the table rounds to.
+    assert minutes[0]["history_bytes"] < minutes[1]["history_bytes"], minutes
     ran = sum(m["tasks"] for m in minutes)
     assert minutes[-1]["live_rows"] < ran / 2, (minutes[-1]["live_rows"], ran)
 

@@ -142,6 +142,7 @@ def _minute_row(
         "total_mb": round(after["total_bytes"] / mb, 1),
         "total_bytes": after["total_bytes"],
         "history_mb": round(after["history_bytes"] / mb, 1),
+        "history_bytes": after["history_bytes"],
         "dead_rows": after["dead_rows"],
         "live_rows": after["live_rows"],
         "autovacuum_runs": after["autovacuums"] - before["autovacuums"],
