@@ -243,6 +243,7 @@ MINUTE_FIELDS = {
     "heap_mb",
     "index_mb",
     "history_mb",
+    "history_bytes",
     "total_mb",
     "total_bytes",
     "dead_rows",
