@@ -13,6 +13,7 @@ import pytest
 from conftest import run_cli
 
 from worker.cli.main import main
+from worker.dev.bench_phases import reset, truncate
 
 TINY = (
     "--tasks",
@@ -354,6 +355,34 @@ def test_a_soak_with_the_history_keeps_done_tasks_out_of_the_task_table(pg_dsn: 
     assert minutes[0]["history_bytes"] < minutes[1]["history_bytes"], minutes
     ran = sum(m["tasks"] for m in minutes)
     assert minutes[-1]["live_rows"] < ran / 2, (minutes[-1]["live_rows"], ran)
+
+
+def test_finished_rows_go_to_the_history_once_with_keep_history(pg_dsn: str) -> None:
+    """`--finished N --keep-history`: the N old rows are where that worker keeps them, in the
+    history, written once for the run (every phase empties the task table, never the history);
+    without --keep-history they are in the task table, written again for each phase."""
+    count = (
+        "SELECT (SELECT count(*) FROM worker_bench.tasks WHERE task = 'bench.old'),"
+        " (SELECT count(*) FROM worker_bench.task_history"
+        "   WHERE task = 'bench.old' AND state = 'done')"
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        reset(conn)
+        try:
+            truncate(conn, finished=1500, history=True)
+            assert conn.execute(count).fetchone() == (0, 1500)
+            truncate(conn, finished=1500, history=True)  # the next phase
+            assert conn.execute(count).fetchone() == (0, 1500)
+            truncate(conn, finished=700)
+            truncate(conn, finished=700)
+            assert conn.execute(count).fetchone() == (700, 1500)
+            # Readers by id find them, as any task finished into the history.
+            n = conn.execute(
+                "SELECT count(*) FROM worker_bench.task_rows WHERE task = 'bench.old'"
+            ).fetchone()[0]
+            assert n == 2200
+        finally:
+            conn.execute("DROP SCHEMA IF EXISTS worker_bench CASCADE")
 
 
 @pytest.mark.parametrize(

@@ -113,7 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--finished",
         type=rows,
         default=0,
-        help="finished rows to put in the table before each drain (large-table test)",
+        help="finished rows to put in the table before each drain (large-table test); with "
+        "--keep-history, in the history, once for the whole run",
     )
     p.add_argument(
         "--latency-rate",
@@ -212,7 +213,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
     with connect(dsn, BENCH) as conn, connect(dsn, BENCH, autocommit=False) as holder:
         reset(conn)
         for _ in range(args.rounds):
-            truncate(conn, finished=args.finished)
+            truncate(conn, finished=args.finished, history=args.keep_history)
             results["enqueue"].append(_enqueue(conn, args.tasks))
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")  # opens a transaction and keeps it
@@ -230,7 +231,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"the ceiling drained {top.tasks} of {args.tasks} tasks")
             results["ceiling"].append(top.per_s)
             results["ceiling_client_cpu"].append(top.client_cpu)
-            truncate(conn, finished=args.finished)
+            truncate(conn, finished=args.finished, history=args.keep_history)
             _enqueue(conn, args.tasks)
             if args.hold_xact:
                 holder.execute("SELECT txid_current()")
@@ -242,7 +243,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
             results["rss_kb"].append(drained.max_rss_kb)
             if args.limit_phases:
                 for kind in ("concurrency", "rate"):
-                    truncate(conn, finished=args.finished)
+                    truncate(conn, finished=args.finished, history=args.keep_history)
                     _enqueue(conn, args.tasks)
                     limited = limited_drain(conn, dsn, args, kind)
                     results[f"drain_{kind}_limit"].append(limited.per_s)
@@ -262,6 +263,7 @@ def run(dsn: str, args: argparse.Namespace) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "processes": args.processes,
         "finished_rows": args.finished,
+        "keep_history": args.keep_history,
         "held_transaction": args.hold_xact,
         "metrics": args.metrics,
         "rounds": args.rounds,

@@ -35,6 +35,20 @@ INSERT INTO {schema}.tasks (task, state, attempts, started_at, finished_at)
 SELECT 'bench.old', 'done', 1, now() - interval '10 minutes', now() - interval '9 minutes'
   FROM generate_series(1, %(n)s);
 
+-- name: bench_fill_history
+-- The same rows in the history (--keep-history), as an hour of a busy queue leaves them there:
+-- the task table stays empty of them, and only the acknowledgement's move writes to the history.
+-- Ids from the task table's sequence, as the acknowledgement's move keeps them.
+INSERT INTO {schema}.task_history (id, queue, task, state, attempts, started_at, finished_at, slot)
+SELECT nextval(pg_get_serial_sequence(format('%%I.tasks', %(schema)s::text), 'id')), 'default',
+       'bench.old', 'done', 1, now() - interval '10 minutes', now() - interval '9 minutes',
+       (SELECT h.slot FROM {schema}.history_slots AS h WHERE h.state = 'current')
+  FROM generate_series(1, %(n)s);
+
+-- name: bench_history_rows
+-- Whether the history holds rows already (filled once: nothing of the bench empties it).
+SELECT EXISTS (SELECT 1 FROM {schema}.task_history);
+
 -- name: bench_fill_delayed
 -- Tasks due tomorrow in the queue under test, as any producer's delayed tasks would be: plain rows
 -- of the task table, written by one statement.

@@ -73,12 +73,20 @@ def reset(conn: psycopg.Connection) -> None:
     migrate(conn, BENCH_SCHEMA)
 
 
-def truncate(conn: psycopg.Connection, *, finished: int = 0, delayed: int = 0) -> None:
+def truncate(
+    conn: psycopg.Connection, *, finished: int = 0, delayed: int = 0, history: bool = False
+) -> None:
     """An empty table, then ``finished`` old done rows and ``delayed`` rows due tomorrow in the
-    default queue, vacuumed and analysed, as autovacuum would leave a table in a steady state."""
+    default queue, vacuumed and analysed, as autovacuum would leave a table in a steady state.
+    With ``history`` (the worker's --keep-history) the finished rows go to the history instead,
+    once: the task table is emptied for each phase, the history is not."""
     q = queries(BENCH_SCHEMA, SQL_DIR)
     conn.execute(f"TRUNCATE {BENCH_SCHEMA}.tasks")
-    if finished:
+    if finished and history:
+        if not conn.execute(q["bench_history_rows"]).fetchone()[0]:
+            conn.execute(q["bench_fill_history"], {"n": finished, "schema": BENCH_SCHEMA})
+            conn.execute(f"VACUUM ANALYZE {BENCH_SCHEMA}.task_history")
+    elif finished:
         conn.execute(q["bench_fill_finished"], {"n": finished})
     if delayed:
         conn.execute(q["bench_fill_delayed"], {"n": delayed, "queue": DEFAULT_QUEUE})

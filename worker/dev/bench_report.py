@@ -29,7 +29,8 @@ def print_report(r: dict[str, Any]) -> None:
     )
     if r["finished_rows"] or r["held_transaction"]:
         held = ", another session holding a transaction open" if r["held_transaction"] else ""
-        print(f"  with {r['finished_rows']:,} finished rows in the table{held}")
+        where = "the history" if r.get("keep_history") else "the table"
+        print(f"  with {r['finished_rows']:,} finished rows in {where}{held}")
     if r["metrics"]:
         print("  with metrics on (counting, and the journal under a supervisor)")
     conns = f"{r['ceiling_connections']} connection(s)"
