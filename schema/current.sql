@@ -1037,12 +1037,30 @@ CREATE FUNCTION worker.estimated_rows(queue text, state text) RETURNS double pre
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    plan json;
+    plan  json;
+    total float8;
+    part  regclass;
+    rows  float8;
 BEGIN
     EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM "worker".tasks WHERE queue = %L AND state = %L',
                    queue, state)
        INTO plan;
-    RETURN (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8;
+    total := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8;
+    IF state = 'done' THEN
+        FOR part IN SELECT c.oid::regclass
+                      FROM pg_inherits AS i
+                      JOIN pg_class AS c ON c.oid = i.inhrelid
+                     WHERE i.inhparent = '"worker".task_history'::regclass AND c.reltuples > 0
+        LOOP
+            EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM %s WHERE queue = %L', part, queue)
+               INTO plan;
+            rows := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::float8;
+            IF rows > 1 THEN
+                total := total + rows;
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN total;
 END;
 $$;
 

@@ -91,3 +91,34 @@ def test_the_status_page_shows_0_for_a_state_with_no_rows_past_the_cap(
     assert page.queues["busy"]["cancelled"] == "0", page.queues
     assert page.queues["old"]["done"] == "0", page.queues
     assert page.queues["old"]["cancelled"].startswith("≈"), page.queues
+
+
+def test_done_tasks_in_the_history_are_estimated_past_the_cap(
+    pg_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """A worker that keeps a history (--keep-history) moves its done tasks out of the task
+    table: past the cap, status estimates them from the history's statistics too, instead of
+    showing only the cap (`≥10,000` for 25,000 done tasks)."""
+    n = STATUS_CAP + 15000
+    conn.execute(
+        f"INSERT INTO {schema}.task_history (id, task, queue, state, attempts, finished_at, slot)"
+        f" SELECT nextval(pg_get_serial_sequence('{schema}.tasks', 'id')), 'job', 'kept',"
+        "        'done', 1, now() - interval '1 minute',"
+        f"        (SELECT slot FROM {schema}.history_slots WHERE state = 'current')"
+        " FROM generate_series(1, %s)",
+        (n,),
+    )
+    conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('job', 'kept')")
+    conn.execute(f"ANALYZE {schema}.task_history")
+    conn.execute(f"ANALYZE {schema}.tasks")
+    r = run_cli("status", "--dsn", pg_dsn, "--schema", schema)
+    assert r.returncode == 0, r.stderr
+    kept = _cells(r.stdout, "kept")
+    assert kept["done"].startswith("≈"), r.stdout
+    assert 0.8 * n < int(kept["done"][1:].replace(",", "")) < 1.2 * n, r.stdout
+    assert kept["queued"] == "1" and kept["cancelled"] == "0", r.stdout
+
+    st = json.loads(run_cli("status", "--dsn", pg_dsn, "--schema", schema, "--json").stdout)
+    q = {x["queue"]: x for x in st["queues"]}["kept"]
+    assert "done" in q["capped"]
+    assert 0.8 * n < q["estimates"]["done"] < 1.2 * n, q
