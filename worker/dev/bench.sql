@@ -59,9 +59,17 @@ SELECT 'bench.noop', %(queue)s, now() + interval '1 day'
 -- name: bench_workers_alive
 SELECT count(*) FROM {schema}.workers WHERE stopped_at IS NULL;
 
+-- name: bench_last_id
+-- The last id handed out so far (0 if none): a light-load phase's tasks are the ids after it. With
+-- --keep-history, done tasks of earlier phases (and --finished rows) are still in the history.
+SELECT coalesce(pg_sequence_last_value(
+           pg_get_serial_sequence(format('%%I.tasks', %(schema)s::text), 'id')::regclass), 0);
+
 -- name: bench_done
--- Done tasks of the queue, wherever they finished (the task table or the history, schema/0025).
-SELECT count(*) FROM {schema}.task_rows WHERE state = 'done' AND queue = %(queue)s;
+-- Done tasks of the queue enqueued by this phase (ids after %(after)s), wherever they finished (the
+-- task table or the history, schema/0025): a range of the primary keys, whatever else they hold.
+SELECT count(*) FROM {schema}.task_rows
+ WHERE state = 'done' AND queue = %(queue)s AND id > %(after)s;
 
 -- name: bench_latency
 -- The light-load phases: from enqueue to claim, both read from the database clock (created_at is
@@ -73,7 +81,7 @@ SELECT count(*) AS n,
            * 1000 AS p99_ms,
        max(extract(epoch FROM started_at - created_at)) * 1000 AS max_ms
   FROM {schema}.task_rows
- WHERE state = 'done' AND queue = %(queue)s;
+ WHERE state = 'done' AND queue = %(queue)s AND id > %(after)s;
 
 -- name: bench_claim_backends
 -- The server processes of the worker's connections: claims ('worker'), the lease keeper and the

@@ -33,6 +33,7 @@ from ..tasks.limits import MAX_CONCURRENCY, MAX_PER_SECOND, Limits, clear_limits
 SQL_DIR = Path(__file__).resolve().parent
 
 BENCH_SCHEMA = "worker_bench"
+_SCHEMA = {"schema": BENCH_SCHEMA}  # the bound schema name, for statements that read the catalog
 TASK = "bench.noop"
 DEFAULT_QUEUE = "default"
 # The light-load phases need the finished rows to measure them, whatever --keep-done says.
@@ -84,7 +85,7 @@ def truncate(
     conn.execute(f"TRUNCATE {BENCH_SCHEMA}.tasks")
     if finished and history:
         if not conn.execute(q["bench_history_rows"]).fetchone()[0]:
-            conn.execute(q["bench_fill_history"], {"n": finished, "schema": BENCH_SCHEMA})
+            conn.execute(q["bench_fill_history"], {"n": finished, **_SCHEMA})
             conn.execute(f"VACUUM ANALYZE {BENCH_SCHEMA}.task_history")
     elif finished:
         conn.execute(q["bench_fill_finished"], {"n": finished})
@@ -195,6 +196,7 @@ def serve(
                 raise RuntimeError("the benchmark's workers did not start")
             time.sleep(0.1)
         time.sleep(1.0)  # let every process reach its LISTEN
+        mine = {"queue": queue, "after": conn.execute(q["bench_last_id"], _SCHEMA).fetchone()[0]}
         cpu_before = _claim_cpu(conn)
         start = time.perf_counter()
         for i in range(n):
@@ -203,7 +205,7 @@ def serve(
                 time.sleep(pause)
             enqueue(conn, TASK, {"i": i}, queue=queue, schema=BENCH_SCHEMA)
         deadline = time.monotonic() + _START_TIMEOUT
-        while conn.execute(q["bench_done"], {"queue": queue}).fetchone()[0] < n:
+        while conn.execute(q["bench_done"], mine).fetchone()[0] < n:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the benchmark's workers did not finish the phase's tasks")
             time.sleep(0.05)
@@ -215,7 +217,7 @@ def serve(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    n_done, p50, p99, worst = conn.execute(q["bench_latency"], {"queue": queue}).fetchone()
+    n_done, p50, p99, worst = conn.execute(q["bench_latency"], mine).fetchone()
     cpu_ms = None
     if cpu_before is not None and cpu_after is not None:
         spent = sum(t - cpu_before.get(pid, 0) for pid, t in cpu_after.items())
