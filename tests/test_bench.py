@@ -129,9 +129,14 @@ def test_it_cleans_up_after_itself(report: dict[str, Any], pg_dsn: str) -> None:
     assert left == 0
 
 
-def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str) -> None:
+@pytest.mark.parametrize(
+    "keep", [("--keep-done", "0"), ("--keep-history", "--finished", "3000")], ids=["0", "history"]
+)
+def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str, keep: tuple[str, ...]) -> None:
     """With --keep-done 0 the worker deletes rows as it completes them (and the ceiling too); the
-    latency phase reads the finished rows, so its workers keep them."""
+    latency phase reads the finished rows, so its workers keep them. With --keep-history the
+    history still holds the drain's tasks and the old finished rows when the phase starts: it
+    reads only its own."""
     r = run_cli(
         "bench",
         "--dsn",
@@ -140,8 +145,7 @@ def test_the_latency_phase_even_with_keep_done_0(pg_dsn: str) -> None:
         "500",
         "--concurrency",
         "10",
-        "--keep-done",
-        "0",
+        *keep,
         "--latency-tasks",
         "100",
         "--latency-rate",
