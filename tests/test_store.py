@@ -50,6 +50,7 @@ EXEMPT = {
         "bench_ack",
         "bench_ack_delete",
         "bench_fill_finished",
+        "bench_fill_history",
         "bench_fill_delayed",
     }
 }
