@@ -154,9 +154,15 @@ def test_modules_stay_small_or_say_why() -> None:
 
 
 def test_loading_the_cli_registers_no_task() -> None:
-    """The CLI loads the demo and bench tools; their handlers must not join the user's registry
-    (a module with no tasks would then run the demo's)."""
-    code = "import worker.cli, worker; print(len(worker.registry))"
+    """The whole parser loads the demo and bench tools; their handlers must not join the user's
+    registry (a module with no tasks would then run the demo's)."""
+    code = (
+        "import sys, worker\n"
+        "from worker.cli import build_parser\n"
+        "build_parser()\n"
+        "assert 'worker.dev.bench' in sys.modules and 'worker.dev.demo' in sys.modules\n"
+        "print(len(worker.registry))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
 
@@ -193,3 +199,55 @@ def test_architecture_names_every_room_and_only_files_that_exist() -> None:
         and not (PACKAGE / n.removesuffix(".py")).is_dir()
     ]  # fmt: skip
     assert len(named) > 20 and missing == []
+
+
+def _loaded_by(code: str) -> set[str]:
+    code += "\nprint(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_worker_loads_a_name_when_it_is_first_used() -> None:
+    """``import worker`` is cheap: no module of the queue (and not psycopg) until a name is used,
+    and then that name's module only."""
+    before = _loaded_by("import sys, worker")
+    assert {m for m in before if m.startswith(("worker.", "psycopg"))} == set()
+    after = _loaded_by("import sys, worker\nworker.enqueue")
+    assert "worker.tasks.enqueue" in after
+    assert not {m for m in after if m.startswith(("worker.engine", "worker.coord.schedule"))}
+
+
+def test_every_public_name_is_its_modules_object() -> None:
+    """Each name of ``__all__`` resolves, at run time, to the object its module defines, and the
+    imports type checkers read name the same modules as the run-time list."""
+    import worker
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    typed = {
+        alias.name: "." + node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        for alias in node.names
+    }
+    assert typed == worker._HOME
+    assert sorted(worker.__all__) == sorted(typed)
+    for name, home in typed.items():
+        module = __import__(f"worker{home}", fromlist=[name])
+        assert getattr(worker, name) is getattr(module, name), name
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        worker.nonesuch  # noqa: B018
+
+
+@pytest.mark.parametrize("command", ["status", "enqueue", "pause", "wait", "--help"])
+def test_a_command_loads_only_what_it_runs(command: str) -> None:
+    """The short commands start without the engine, the monitor, the benchmarks, the demo or
+    the cron parser: only the run's own module joins the parser's."""
+    loaded = _loaded_by(
+        f"import sys\nfrom worker.cli.main import COMMANDS, build_parser\n"
+        f"build_parser({command!r} if {command!r} in COMMANDS else '')"
+    )
+    heavy = ("worker.engine", "worker.monitor", "worker.dev.bench", "worker.dev.demo")
+    assert sorted(m for m in loaded if m.startswith(heavy)) == []
+    assert {"croniter", "prometheus_client"} & loaded == set()
+    if command == "--help":
+        assert {"worker.cli.status", "worker.cli.run", "worker.cli.bulk"} & loaded == set()

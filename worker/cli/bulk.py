@@ -17,19 +17,18 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
 
 from ..ops import bulk as _bulk
 from ..ops.audit import default_actor
 from ..ops.bulk import BulkError, Filter, Outcome
 from ..ops.status import STATES
-from .commands import cmd_cancel as cancel_one
-from .commands import cmd_retry as retry_one
-from .common import CliError, connect, int_in, print_json, require, text_up_to
+from .args import TASK_ID, int_in, text_up_to
+from .common import CliError, connect, print_json, require
 from .interrupt import Interrupt
+from .one_task import cmd_cancel as cancel_one
+from .one_task import cmd_retry as retry_one
 from .text import LINE_LIMIT, safe
 
-TASK_ID = int_in(1, 2**63 - 1)
 MAX_SECONDS = 100 * 365 * 86400.0
 _UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([wdhms]))+|(\d+(?:\.\d+)?)")
@@ -132,12 +131,7 @@ def _add_filters(p: argparse.ArgumentParser, action: str, *, queue: bool = True)
     )
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "retry",
-        parents=[common],
-        help="requeue a failed task, every failure (--failed), or the tasks a filter matches",
-    )
+def retry_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("id", type=TASK_ID, nargs="?")
     p.add_argument(
         "--failed", action="store_true", help="requeue every failed task now (of --queue)"
@@ -145,16 +139,14 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
     _add_filters(p, "retry")
     p.set_defaults(func=cmd_retry)
 
-    p = sub.add_parser(
-        "cancel", parents=[common], help="cancel a task, or the tasks a filter matches"
-    )
+
+def cancel_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("id", type=TASK_ID, nargs="?")
     _add_filters(p, "cancel")
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser(
-        "delete", parents=[common], help="delete the tasks a filter matches (never running ones)"
-    )
+
+def delete_arguments(p: argparse.ArgumentParser) -> None:
     _add_filters(p, "delete")
     p.set_defaults(func=cmd_delete)
 

@@ -1,21 +1,18 @@
-"""What every command shares: one-line errors, flag types, the DSN (with the embedded server as
+"""What every command shares: one-line errors, the DSN (with the embedded server as
 the fallback), connecting, tables, JSON output, importing the user's module, and logging."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import sys
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import psycopg
 
@@ -23,24 +20,15 @@ from ..db import connect as factory
 from ..db.dsn import dsn_source_from_env, parse_dsn, redact, scrub
 from ..db.migrate import require_schema
 from ..db.outage import unreachable
-from ..db.sql import validate_schema_name
 from ..dev.embedded import (
     EmbeddedError,
     EmbeddedPostgres,
     EmbeddedUnavailable,
     default_data_dir,
 )
-from ..engine.supervisor import (
-    CONSOLE_TOKEN_ENV,
-    CONSOLE_TOKEN_FD_ENV,
-    child_environ,
-    read_secret_pipe,
-    secret_pipe,
-)
 from ..errors import ConfigError
-from ..monitor.console.auth import TokenError, checked_token
 from . import exits
-from .text import CELL_LIMIT, LINE_LIMIT, SafeFormatter, bounded, safe
+from .text import CELL_LIMIT, SafeFormatter, bounded, safe
 
 log = logging.getLogger("worker")
 
@@ -51,96 +39,6 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (no usage block) and exit 2; options are
-    never abbreviated (``--ds`` for ``--dsn`` would slip past the code that hides DSNs)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: error: {safe(message, LINE_LIMIT)} (see --help)")
-
-
-class UsageError(Exception):
-    """A flag the parser refused: ``line`` is what the user sees (exit 2)."""
-
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
-        self.line = line
-
-
-def int_in(low: int, high: int) -> Callable[[str], int]:
-    """A flag type: a whole number from ``low`` to ``high``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected {low} to {high}, got {value}")
-        return value
-
-    return parse
-
-
-def seconds_in(low: float, high: float) -> Callable[[str], float]:
-    """A flag type: a number of seconds from ``low`` to ``high`` (no NaN, no infinity)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-        if not math.isfinite(value) or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, got {text}")
-        return value
-
-    return parse
-
-
-def rate_in(low: float, high: float) -> Callable[[str], float]:
-    """A flag type: a number of tasks per second from ``low`` to ``high``."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected tasks per second, got {text!r}") from None
-        if not math.isfinite(value) or not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"expected {low:g} to {high:g} tasks per second, got {text}"
-            )
-        return value
-
-    return parse
-
-
-def text_up_to(limit: int) -> Callable[[str], str]:
-    """A flag type: 1 to ``limit`` characters, none of them NUL (a text column cannot hold it)."""
-
-    def parse(text: str) -> str:
-        if not text or len(text) > limit or "\x00" in text:
-            raise argparse.ArgumentTypeError(f"expected 1 to {limit} characters, no NUL")
-        return text
-
-    return parse
-
-
-DAY = 86400.0
-positive_int = int_in(1, 2**31 - 1)
-seconds = seconds_in(0, 10 * 365 * DAY)
-
-
-def schema_name(text: str) -> str:
-    try:
-        return validate_schema_name(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # Commands that only read: without a DSN they use the embedded server if it is running, and
@@ -320,81 +218,3 @@ def setup_logging(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
-
-
-# -- secrets a long-running command must not keep where other processes can read them -------------
-
-
-def start_over(argv: list[str], moved: dict[str, str], *, serving: bool) -> None:
-    """Start this command over, as the same process (exec), when its environment holds the
-    console's token (WORKER_CONSOLE_TOKEN) or ``moved`` holds DSNs taken off its command line:
-    any process of the same user, a task's handler included, can read /proc/PID/environ and
-    /proc/PID/cmdline, and the kernel keeps showing there what a process started with. The new
-    process gets ``moved`` in its environment, and the token (when it serves the console) on an
-    inherited file descriptor (``secret_pipe``) named by WORKER_CONSOLE_TOKEN_FD, which it reads
-    once and closes (``console_token``). A token that cannot be used is refused here, in one
-    line."""
-    token = os.environ.get(CONSOLE_TOKEN_ENV)
-    if token is None and not moved:
-        return
-    env = child_environ(moved)
-    if token is not None and serving:
-        try:
-            token = checked_token(token, CONSOLE_TOKEN_ENV)
-        except TokenError as exc:
-            raise CliError(str(exc), 2) from None
-        try:
-            env[CONSOLE_TOKEN_FD_ENV] = str(secret_pipe(token))
-        except ValueError:
-            raise CliError(
-                f"the console token from {CONSOLE_TOKEN_ENV} is too long to hand over: use "
-                "--console-token-file",
-                2,
-            ) from None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execve(sys.executable, [sys.executable, "-m", "worker", *argv], env)
-    except OSError as exc:
-        raise CliError(
-            f"cannot start over without the secrets in the environment: {exc.strerror}", 1
-        ) from None
-
-
-def console_token(path: str | None, *, serving: bool = True) -> str | None:
-    """The console's token: from the file at ``path`` (--console-token-file), else the one
-    ``start_over`` handed over, else WORKER_CONSOLE_TOKEN (a command run in-process, which could
-    not start over); None, unread, when this process does not serve the console. Both variables
-    leave os.environ either way, so that nothing this process starts gets them."""
-    from_env = os.environ.pop(CONSOLE_TOKEN_ENV, None)
-    fd = os.environ.pop(CONSOLE_TOKEN_FD_ENV, None)
-    handed = None
-    if fd is not None and not serving:
-        with contextlib.suppress(OSError, ValueError):
-            os.close(int(fd))
-        return None
-    if not serving:
-        return None
-    if fd is not None:
-        try:
-            handed = read_secret_pipe(fd)
-        except (OSError, ValueError):
-            raise CliError(
-                f"cannot read the console token from {CONSOLE_TOKEN_FD_ENV} (it names the file "
-                f"descriptor `worker` hands the token over on when it starts over; set "
-                f"{CONSOLE_TOKEN_ENV} or use --console-token-file instead)",
-                2,
-            ) from None
-    try:
-        if path:
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    text = fh.read(64 * 1024)
-            except (OSError, UnicodeDecodeError) as exc:
-                why = getattr(exc, "strerror", None) or "not a UTF-8 text file"
-                raise CliError(f"cannot read --console-token-file {path!r}: {why}", 2) from None
-            return checked_token(text, "--console-token-file")
-        given = handed if handed is not None else from_env
-        return None if given is None else checked_token(given, CONSOLE_TOKEN_ENV)
-    except TokenError as exc:
-        raise CliError(str(exc), 2) from None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
 
 from ..coord.cron import Schedule, cron_rows, schedules
 from .common import connect, import_tasks, print_json, require, table
@@ -52,13 +51,7 @@ def cmd_cron(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The ``worker cron`` command (added to the parser by ``cli.main``)."""
-    p = sub.add_parser(
-        "cron",
-        parents=[common],
-        help="list cron schedules (from MODULE and the database) with last and next runs",
-    )
+def cron_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "module",
         nargs="?",

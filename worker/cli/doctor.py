@@ -8,12 +8,12 @@ a schema that is missing.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from ..monitor.doctor.checkup import diagnose
 from ..monitor.doctor.claim import MODES
 from ..monitor.doctor.findings import CODES, Thresholds, ordered
-from .common import DAY, connect, int_in, print_json, require, seconds_in
+from .args import DAY, int_in, seconds_in
+from .common import connect, print_json, require
 from .text import LINE_LIMIT, safe
 
 _LABEL = {"ok": "ok", "warning": "WARNING", "critical": "CRITICAL"}
@@ -67,17 +67,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return code
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The ``worker doctor`` command (added to the parser by ``cli.main``)."""
-    p = sub.add_parser(
-        "doctor",
-        parents=[common],
-        help="check the database's health for the queue (exit 1 on any warning)",
-        description="Check what holds vacuum back (old transactions, prepared transactions, "
+def doctor_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Check what holds vacuum back (old transactions, prepared transactions, "
         "replication slots), dead rows and autovacuum, the claim's cost, connection headroom, "
         "long-running tasks, and queues or tasks no live worker takes. One line per finding; "
         "exit 0 when all are ok, 1 when any is a warning or critical, 2 for usage errors. "
-        "Codes: " + ", ".join(CODES) + ".",
+        "Codes: " + ", ".join(CODES) + "."
     )
     p.add_argument(
         "--probe",

@@ -10,8 +10,9 @@ import re
 from typing import Any
 
 from ..tasks import limits as _limits
+from .args import common_flags
 from .common import CliError, connect, print_json, require, table
-from .pause import _operator, _queue
+from .pause import _operator, queue_name
 from .text import safe
 
 
@@ -130,18 +131,14 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "limits",
-        parents=[common],
-        help="fleet-wide concurrency and rate limits per queue and per key",
-    )
+def limits_arguments(p: argparse.ArgumentParser) -> None:
+    common = common_flags()
     p.set_defaults(func=cmd_limits)
     actions = p.add_subparsers(dest="limits_action")
     s = actions.add_parser(
         "set", parents=[common], help="set a queue's limits (every one: those not given are off)"
     )
-    s.add_argument("queue", type=_queue)
+    s.add_argument("queue", type=queue_name)
     # "--rate -1/s" is a value to check, not an unknown flag (argparse takes only plain negative
     # numbers for values).
     s._negative_number_matcher = re.compile(r"^-\d")
@@ -173,5 +170,5 @@ def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--by", default=None, help="who sets them, for the record (default: user@host)")
     s.set_defaults(func=cmd_set)
     c = actions.add_parser("clear", parents=[common], help="remove a queue's limits")
-    c.add_argument("queue", type=_queue)
+    c.add_argument("queue", type=queue_name)
     c.set_defaults(func=cmd_clear)

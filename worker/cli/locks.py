@@ -80,11 +80,7 @@ def cmd_locks(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The ``worker locks`` command (added to the parser by ``cli.main``)."""
-    p = sub.add_parser(
-        "locks", parents=[common], help="list lock rows and advisory locks with their holders"
-    )
+def locks_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--namespace",
         default=DEFAULT_NAMESPACE,

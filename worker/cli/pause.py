@@ -9,7 +9,6 @@ import argparse
 import getpass
 import socket
 import sys
-from typing import Any
 
 import psycopg
 
@@ -19,7 +18,8 @@ from .common import CliError, connect, print_json, require
 from .text import LINE_LIMIT, safe
 
 
-def _queue(text: str) -> str:
+def queue_name(text: str) -> str:
+    """A flag type: a queue name (1 to MAX_QUEUE_CHARS characters)."""
     if not text or len(text) > _pause.MAX_QUEUE_CHARS:
         raise argparse.ArgumentTypeError(
             f"a queue name is 1 to {_pause.MAX_QUEUE_CHARS} characters"
@@ -87,13 +87,12 @@ def _record(
     )
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "pause", parents=[common], help="pause a queue fleet-wide (running tasks finish)"
-    )
-    p.add_argument("queue", type=_queue)
+def pause_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", type=queue_name)
     p.add_argument("--by", default=None, help="who pauses, for the record (default: OS user@host)")
     p.set_defaults(func=cmd_pause)
-    p = sub.add_parser("resume", parents=[common], help="resume a paused queue")
-    p.add_argument("queue", type=_queue)
+
+
+def resume_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("queue", type=queue_name)
     p.set_defaults(func=cmd_resume)

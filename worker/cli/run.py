@@ -35,12 +35,11 @@ from .common import (
     CliError,
     checked_dsn,
     connect_dsn,
-    console_token,
     import_tasks,
     require,
     resolve_dsn,
-    start_over,
 )
+from .handover import console_token, start_over
 
 log = logging.getLogger("worker")
 LISTEN_ENV = "WORKER_LISTEN_DSN"

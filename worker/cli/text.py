@@ -85,3 +85,8 @@ class SafeFormatter(logging.Formatter):
 
     def formatStack(self, stack_info: str) -> str:
         return safe_lines(scrub(super().formatStack(stack_info)))
+
+
+def quoted(name: str) -> str:
+    """A name the user gave, quoted and cut to 80 characters, for a message."""
+    return repr(name[:80] + ("..." if len(name) > 80 else ""))

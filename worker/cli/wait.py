@@ -12,8 +12,8 @@ from typing import Any
 
 from ..errors import TaskCancelled, TaskFailed, TaskNotFound, WaitTimeout
 from ..tasks import wait as _wait
-from .bulk import TASK_ID
-from .common import CliError, connect_dsn, require, resolve_dsn, seconds_in, starts
+from .args import TASK_ID, seconds_in
+from .common import CliError, connect_dsn, require, resolve_dsn, starts
 
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 3
@@ -55,13 +55,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_cli(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser(
-        "wait",
-        parents=[common],
-        help="wait for a task to finish and print its result (exit 0 done, 1 failed or "
-        "cancelled, 3 timeout)",
-    )
+def wait_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("id", type=TASK_ID, help="the task's id")
     p.add_argument(
         "--timeout",
