@@ -28,6 +28,7 @@ def thresholds(args: argparse.Namespace) -> Thresholds:
         dead_tuples_warning=args.dead_tuples,
         dead_tuples_critical=max(args.dead_tuples_critical, args.dead_tuples),
         slot_wal_bytes=args.slot_wal_mb * 1024 * 1024,
+        index_min_bytes=args.index_mb * 1024 * 1024,
         claim_base_buffers=args.claim_buffers,
         claim_buffers_per_row=args.claim_buffers_per_row,
         connections_warning=args.connections_warning / 100,
@@ -168,6 +169,14 @@ def doctor_arguments(p: argparse.ArgumentParser) -> None:
         type=int_in(0, 2**40),
         default=1024,
         help="MB of WAL an inactive replication slot may retain (1024)",
+    )
+    p.add_argument(
+        "--index-mb",
+        metavar="MB",
+        type=int_in(0, 2**40),
+        default=64,
+        help="MB of indexes on one table below which they are never reported as oversized (64); "
+        "above it, indexes four times what their row versions need are",
     )
     p.add_argument(
         "--statement-timeout",

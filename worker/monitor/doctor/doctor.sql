@@ -78,7 +78,8 @@ SELECT r.slot_name, r.slot_type, r.database, r.active, r.active_pid,
  LIMIT %(limit)s;
 
 -- name: doctor_tables
--- The queue's tables with their dead row versions, sizes, last vacuums and autovacuum settings.
+-- The queue's tables with their dead row versions, sizes, last vacuums and autovacuum settings,
+-- and how many indexes each has.
 -- pg_table_size and pg_indexes_size read file sizes (they take an AccessShareLock, which only an
 -- ALTER TABLE or VACUUM FULL would make them wait for: hence the caller's lock_timeout).
 SELECT s.relname AS name, s.n_live_tup AS live, s.n_dead_tup AS dead,
@@ -86,6 +87,7 @@ SELECT s.relname AS name, s.n_live_tup AS live, s.n_dead_tup AS dead,
        extract(epoch FROM now() - s.last_autovacuum)::float8 AS autovacuum_seconds,
        s.vacuum_count, s.autovacuum_count,
        pg_table_size(s.relid) AS table_bytes, pg_indexes_size(s.relid) AS index_bytes,
+       (SELECT count(*) FROM pg_index AS i WHERE i.indrelid = s.relid) AS index_count,
        greatest(c.reltuples, 0)::float8 AS reltuples,
        coalesce(c.reloptions, '{}') AS reloptions
   FROM pg_stat_user_tables AS s

@@ -33,6 +33,7 @@ CODES: dict[str, str] = {
     "dead_tuples_high": "dead row versions in the queue's tables",
     "autovacuum_behind": "dead rows far above the autovacuum threshold with no recent vacuum",
     "autovacuum_disabled": "autovacuum off for the server or a queue table",
+    "indexes_oversized": "a queue table's indexes far larger than its rows need",
     "claim_cost_high": "buffers the claim statement reads per row it claims",
     "connections_low": "connection headroom",
     "tasks_running_long": "tasks in progress for longer than expected",
@@ -84,6 +85,8 @@ class Thresholds:
     dead_tuples_warning: int = 100_000  # dead row versions in one queue table
     dead_tuples_critical: int = 1_000_000
     autovacuum_factor: float = 4.0  # dead rows over this many times the autovacuum threshold
+    index_factor: float = 4.0  # indexes this many times what their row versions need
+    index_min_bytes: int = 64 * 1024**2  # and at least this large (smaller is never reported)
     slot_wal_bytes: int = 1024**3  # WAL an inactive slot may retain
     claim_base_buffers: int = 20  # buffers a claim's scan may read whatever it claims
     claim_buffers_per_row: int = 4  # and per row it claims; ten times both is critical

@@ -1,5 +1,6 @@
-"""The checks of `worker doctor` on the task table itself: dead rows, bloat, and whether
-autovacuum keeps up, from ``pg_stat_user_tables`` and the table's storage options (doctor.sql).
+"""The checks of `worker doctor` on the task table itself: dead rows, bloat, indexes grown past
+their rows, and whether autovacuum keeps up, from ``pg_stat_user_tables`` and the table's storage
+options (doctor.sql).
 Reading and judging are apart, as in ``checks``: ``read_tables`` runs the statement,
 ``table_findings`` is pure.
 """
@@ -25,6 +26,23 @@ def _option(options: list[str], name: str) -> str | None:
         if key == name:
             return value
     return None
+
+
+# What one row version costs an index at most, for the keys of the queue's indexes (ids, times,
+# states, queue and task names, dedupe keys of a few dozen characters), at the pages' fill factor.
+# An index much larger than this many bytes per row version kept pages it no longer needs.
+ENTRY_BYTES = 64 / 0.9
+
+
+def needed_index_bytes(t: Row) -> float:
+    """What the table's indexes need for the row versions it holds, live and dead (an entry
+    stays until vacuum removes its row), with a root and a meta page each. The statistics'
+    counts start again from 0 after a crash or a reset, so the row count the last vacuum or
+    analyse left in the catalog is a floor."""
+    counted = int(t.get("live") or 0) + int(t.get("dead") or 0)
+    versions = max(counted, int(t.get("reltuples") or 0))
+    indexes = int(t.get("index_count") or 0)
+    return indexes * (versions * ENTRY_BYTES + 2 * 8192)
 
 
 def _ago(seconds: float | None) -> str:
@@ -136,6 +154,7 @@ def table_findings(
                     details | {"threshold": threshold},
                 )
             )
+        out += _oversized(name, t, th, details, horizon_held=horizon_held)
     if not any(f.code == "dead_tuples_high" for f in out):
         out.append(
             Finding(
@@ -151,10 +170,43 @@ def table_findings(
     for code, what in (
         ("autovacuum_disabled", "autovacuum is on for the server and the queue's tables"),
         ("autovacuum_behind", "autovacuum keeps up with the queue's tables"),
+        ("indexes_oversized", "the queue tables' indexes are in proportion to their rows"),
     ):
         if not any(f.code == code for f in out):
             out.append(Finding(code, OK, what, "none needed"))
     return out
 
 
-__all__ = ["autovacuum_threshold", "read_tables", "table_findings"]
+def _oversized(
+    name: str, t: Row, th: Thresholds, details: dict[str, Any], *, horizon_held: bool
+) -> list[Finding]:
+    """Indexes that grew while vacuum could not keep up (a held transaction, a backlog since
+    drained) keep their size: vacuum frees their pages for reuse but never gives them back."""
+    have = int(t.get("index_bytes") or 0)
+    need = needed_index_bytes(t)
+    if have < th.index_min_bytes or have <= th.index_factor * need:
+        return []
+    then = "once the transaction holding the xmin horizon has ended, " if horizon_held else ""
+    return [
+        Finding(
+            "indexes_oversized",
+            WARNING,
+            f"{name}: its {int(t.get('index_count') or 0)} indexes take {size(have)} for "
+            f"{int(t.get('live') or 0):,} live and {int(t.get('dead') or 0):,} dead row "
+            f"versions, which need about {size(need)}: they grew while vacuum could not remove "
+            "entries and keep their size (scans skip the empty pages; the disk and the cache "
+            "carry them)",
+            f"{then}REINDEX TABLE CONCURRENTLY {name} (the workers go on; it needs room for a "
+            "second copy of each index while it runs)",
+            details | {"index_count": t.get("index_count"), "needed_bytes": round(need)},
+        )
+    ]
+
+
+__all__ = [
+    "ENTRY_BYTES",
+    "autovacuum_threshold",
+    "needed_index_bytes",
+    "read_tables",
+    "table_findings",
+]
