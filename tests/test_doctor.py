@@ -491,9 +491,17 @@ def test_cli_json_shape_and_exit_codes(conn: psycopg.Connection, schema: str, pg
     assert findings.index(unserved) < min(i for i, ln in enumerate(findings) if ln[:2] == "ok")
     assert lines[-1].startswith(f"{len(findings)} finding(s) in schema {schema}: ")
 
-    for bad in (["--probe", "bogus"], ["--xmin-warning", "-1"], ["--connections-warning", "0"]):
+    for bad in (
+        ["--probe", "bogus"],
+        ["--xmin-warning", "-1"],
+        ["--connections-warning", "0"],
+        ["--index-mb", "-1"],
+        ["--index-mb", "lots"],
+    ):
         done = run_cli("doctor", "--dsn", pg_dsn, "--schema", schema, *bad)
         assert done.returncode == 2 and "Traceback" not in done.stderr, bad
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "--index-mb" in done.stderr or bad[0] != "--index-mb", done.stderr
     done = run_cli("doctor", "--dsn", pg_dsn, "--schema", "nope_" + uuid.uuid4().hex[:6])
     assert done.returncode == 2 and "worker migrate" in done.stderr
 
