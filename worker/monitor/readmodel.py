@@ -185,6 +185,8 @@ class Database:
                 duty = replace(METRICS, connect_timeout=self.connect_timeout)
                 conn = connect(self.dsn, duty, session=False)
                 conn.read_only = True
+                # One moment for all the reads of a snapshot: its counts agree with each other.
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                 self._conn = conn
             conn = self._conn
             assert conn is not None

@@ -188,10 +188,14 @@ class ConsoleData(Charts):
 
     def _run(self, fn: Callable[[psycopg.Connection], T], *, write: bool = False) -> T:
         """``fn`` in a transaction under the statement timeout, READ ONLY unless ``write`` (the
-        pool checks a kept connection before lending it, so an action never runs twice)."""
+        pool checks a kept connection before lending it, so an action never runs twice).
+
+        A read is REPEATABLE READ: all its statements see one moment, so a page's counts agree
+        with its rows even while workers finish steps between them (and, being read only, it
+        never fails to serialize)."""
         with self._loan() as conn, conn.transaction():
             if not write:
-                conn.execute("SET TRANSACTION READ ONLY")
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             conn.execute(
                 "SELECT set_config('statement_timeout', %s, true),"
                 " set_config('max_parallel_workers_per_gather', '0', true)",
