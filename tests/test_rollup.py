@@ -200,3 +200,108 @@ def test_every_replica_charts_the_same_minutes(
     ).fetchall()
     assert [(w.minute, w.tasks, w.p50, w.p99) for w in first.waits["emails"]] == waits
     assert list(first.waits) == ["emails", "reports"]  # the busiest queue first
+
+
+def _depths(conn: psycopg.Connection, schema: str, minute: datetime) -> tuple[Any, ...]:
+    per_queue = conn.execute(
+        f"SELECT queue, queued, in_progress FROM {schema}.queue_minutes WHERE minute = %s"
+        " ORDER BY queue",
+        (minute,),
+    ).fetchall()
+    total = conn.execute(
+        f"SELECT queued, queued_capped, in_progress FROM {schema}.stats_minutes WHERE minute = %s",
+        (minute,),
+    ).fetchone()
+    return per_queue, total
+
+
+@pytest.mark.parametrize("max_queues", [100, 4])
+def test_queue_depths_are_exact_however_the_rows_lie(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, monkeypatch: pytest.MonkeyPatch,
+    max_queues: int,
+) -> None:  # fmt: skip
+    """Six queues of mixed priorities and due times, rows claimed from their fronts and from their
+    middles while a transaction elsewhere keeps the dead entries: each queue's depth (capped), the
+    running tasks and the fleet's total (capped) are what counting the table says, whether the
+    skip scan finds every queue (100) or stops short of them (4)."""
+    monkeypatch.setattr(rollup, "MAX_QUEUES", max_queues)
+    monkeypatch.setattr(rollup, "QUEUE_CAP", 40)
+    monkeypatch.setattr(rollup, "TOTAL_CAP", 150)
+    s = schema
+    with psycopg.connect(pg_dsn) as held:
+        held.execute("SELECT txid_current()")  # holds vacuum back: the dead entries stay
+        for n, queue in enumerate(["a", "b", "c", "d", "e", "f"]):
+            conn.execute(
+                f"INSERT INTO {s}.tasks (task, queue, priority, run_at)"
+                " SELECT 't', %s, i %% 3, now() - make_interval(secs => (i * 7) %% 11)"
+                " FROM generate_series(1, %s) AS i",
+                (queue, 10 + 15 * n),
+            )
+        # Claimed: the first few of each queue in claim order, and every fifth row anywhere.
+        conn.execute(
+            f"UPDATE {s}.tasks SET state = 'in_progress', attempts = 1, started_at = now(),"
+            " lease_expires_at = now() + interval '1 minute'"
+            " WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY queue"
+            f"   ORDER BY -priority, run_at, id) AS k FROM {s}.tasks) AS r WHERE k <= 3)"
+            " OR id % 5 = 0"
+        )
+        conn.execute(
+            f"UPDATE {s}.tasks SET state = 'done', finished_at = now(), lease_expires_at = NULL"
+            " WHERE id % 10 = 0"
+        )
+        minute = conn.execute(
+            "SELECT date_trunc('minute', now()) - interval '2 minutes'"
+        ).fetchone()[0]  # type: ignore[index]
+        assert rollup.record_minute(conn, queries(s), minute=minute) == minute
+        expected = conn.execute(
+            f"SELECT queue, least(count(*) FILTER (WHERE state = 'queued'), 40),"
+            "        count(*) FILTER (WHERE state = 'in_progress')"
+            f"  FROM {s}.tasks WHERE state IN ('queued', 'in_progress') GROUP BY queue"
+            " ORDER BY queue"
+        ).fetchall()
+        queued, running = conn.execute(
+            f"SELECT count(*) FILTER (WHERE state = 'queued'),"
+            f" count(*) FILTER (WHERE state = 'in_progress') FROM {s}.tasks"
+        ).fetchone()  # type: ignore[misc]
+    per_queue, total = _depths(conn, s, minute)
+    # The busiest queues are kept when there are more than max_queues.
+    busiest = sorted(expected, key=lambda r: (-(r[1] + r[2]), r[0]))[:max_queues]
+    assert per_queue == sorted(busiest)
+    assert queued > 150 and total == (150, True, running)
+
+
+def test_the_depths_walk_the_dead_entries_once(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """While a long transaction holds vacuum back, every claimed row leaves a dead entry at the
+    front of its queue in the claim index, by the hundred thousand in a busy hour. The rollup
+    reads them once (its skip scan finds each queue's first live entry, and every count starts
+    there), not once per count: it reads fewer than 1.5 entries per dead one (three counts that
+    each started at the queue's start read more than 3)."""
+    s = schema
+    dead, live = 20_000, 300
+    with psycopg.connect(pg_dsn) as held:
+        held.execute("SELECT txid_current()")
+        for queue in ("one", "two"):
+            conn.execute(
+                f"INSERT INTO {s}.tasks (task, queue) SELECT 't', %s FROM generate_series(1, %s)",
+                (queue, dead // 2 + live),
+            )
+        conn.execute(
+            f"UPDATE {s}.tasks SET state = 'done', attempts = 1, finished_at = now()"
+            f" WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY queue"
+            f"   ORDER BY id) AS k FROM {s}.tasks) AS r WHERE k <= %s)",
+            (dead // 2,),
+        )
+        minute = conn.execute(
+            "SELECT date_trunc('minute', now()) - interval '2 minutes'"
+        ).fetchone()[0]  # type: ignore[index]
+        with conn.transaction():
+            assert rollup.record_minute(conn, queries(s), minute=minute) == minute
+            read = conn.execute(
+                "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)", (f"{s}.tasks_claim_idx",)
+            ).fetchone()[0]  # type: ignore[index]
+    per_queue, total = _depths(conn, s, minute)
+    assert per_queue == [("one", live, 0), ("two", live, 0)]
+    assert total == (2 * live, False, 0)
+    assert dead <= read < 1.5 * dead

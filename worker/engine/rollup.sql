@@ -16,22 +16,49 @@ RETURNING minute;
 -- name: rollup_record
 -- The claimed minute %(minute)s, per queue: tasks queued (due, waiting; counted up to %(cap)s,
 -- from tasks_claim_idx) and in progress now, and of the tasks that finished during the minute
--- (done from tasks_done_idx and the history's slots, schema/0025, failed for good from tasks_failed_idx, at most %(sample)s of each,
--- in finishing order) the median and 99th percentile of the seconds their last attempt waited
--- from due to start. Queue names come from a skip scan of tasks_claim_idx (at most
--- %(max_queues)s), the running tasks and the finished ones; at most %(max_queues)s rows are kept,
--- the busiest first. Then the fleet's totals on the minute's row (queued up to %(total_cap)s).
-WITH RECURSIVE names AS (
-    (SELECT t.queue, 1 AS depth FROM {schema}.tasks AS t
-      WHERE t.state = 'queued' ORDER BY t.queue LIMIT 1)
+-- (done from tasks_done_idx and the history's slots, schema/0025, failed for good from
+-- tasks_failed_idx, at most %(sample)s of each, in finishing order) the median and 99th
+-- percentile of the seconds their last attempt waited from due to start. At most %(max_queues)s
+-- rows are kept, the busiest first. Then the fleet's totals on the minute's row (queued up to
+-- %(total_cap)s).
+--
+-- The queues come from a skip scan of tasks_claim_idx (at most %(max_queues)s): for each, its
+-- front, the first entry this statement sees. The dead entries of claimed rows lie before the
+-- fronts, and while a long transaction elsewhere holds vacuum back they pile up by the million;
+-- so the skip scan walks them once, and every count starts at a front. When the skip scan found
+-- every queue, the fleet's total is the sum of those counts; otherwise it is counted over the
+-- whole index, as a queue past the first %(max_queues)s is. Each count is made once
+-- (MATERIALIZED), and the running tasks are counted once per queue and summed.
+WITH RECURSIVE fronts AS (
+    (SELECT t.queue, (-t.priority) AS neg_priority, t.run_at, t.id, 1 AS depth
+       FROM {schema}.tasks AS t
+      WHERE t.state = 'queued'
+      ORDER BY t.queue, (-t.priority), t.run_at, t.id
+      LIMIT 1)
     UNION ALL
-    SELECT (SELECT t.queue FROM {schema}.tasks AS t
-             WHERE t.state = 'queued' AND t.queue > n.queue ORDER BY t.queue LIMIT 1),
-           n.depth + 1
-      FROM names AS n
-     WHERE n.queue IS NOT NULL AND n.depth < %(max_queues)s
+    SELECT x.queue, x.neg_priority, x.run_at, x.id, f.depth + 1
+      FROM fronts AS f
+     CROSS JOIN LATERAL (
+        SELECT t.queue, (-t.priority) AS neg_priority, t.run_at, t.id
+          FROM {schema}.tasks AS t
+         WHERE t.state = 'queued' AND t.queue > f.queue
+         ORDER BY t.queue, (-t.priority), t.run_at, t.id
+         LIMIT 1) AS x
+     WHERE f.depth < %(max_queues)s
 ),
-running AS (
+every_queue AS MATERIALIZED (
+    SELECT count(*) < %(max_queues)s AS found FROM fronts
+),
+counted AS MATERIALIZED (
+    SELECT f.queue,
+           (SELECT count(*)
+              FROM (SELECT 1 FROM {schema}.tasks AS t
+                     WHERE t.state = 'queued' AND t.queue = f.queue
+                       AND ((-t.priority), t.run_at, t.id) >= (f.neg_priority, f.run_at, f.id)
+                     LIMIT %(cap)s) AS c) AS queued
+      FROM fronts AS f
+),
+running AS MATERIALIZED (
     SELECT t.queue, count(*) AS n
       FROM {schema}.tasks AS t
      WHERE t.state = 'in_progress'
@@ -54,25 +81,29 @@ finished AS (
               LIMIT %(sample)s)) AS f
      WHERE f.started_at IS NOT NULL
 ),
-waits AS (
+waits AS MATERIALIZED (
     SELECT f.queue, count(*) AS n,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY f.waited) AS p50,
            percentile_cont(0.99) WITHIN GROUP (ORDER BY f.waited) AS p99
       FROM finished AS f
      GROUP BY f.queue
 ),
-per_queue AS (
+per_queue AS MATERIALIZED (
     SELECT a.queue,
-           (SELECT count(*)
-              FROM (SELECT 1 FROM {schema}.tasks AS t
-                     WHERE t.state = 'queued' AND t.queue = a.queue
-                     LIMIT %(cap)s) AS c) AS queued,
+           coalesce(
+               c.queued,
+               CASE WHEN (SELECT found FROM every_queue) THEN 0 ELSE
+                   (SELECT count(*)
+                      FROM (SELECT 1 FROM {schema}.tasks AS t
+                             WHERE t.state = 'queued' AND t.queue = a.queue
+                             LIMIT %(cap)s) AS c) END) AS queued,
            coalesce(r.n, 0) AS in_progress, coalesce(w.n, 0) AS waited, w.p50, w.p99
-      FROM (SELECT queue FROM names WHERE queue IS NOT NULL
+      FROM (SELECT queue FROM fronts
             UNION
             SELECT queue FROM running
             UNION
             SELECT queue FROM waits) AS a
+      LEFT JOIN counted AS c ON c.queue = a.queue
       LEFT JOIN running AS r ON r.queue = a.queue
       LEFT JOIN waits AS w ON w.queue = a.queue
 ),
@@ -85,12 +116,25 @@ kept AS (
      LIMIT %(max_queues)s
     RETURNING 1
 ),
-total AS (
-    SELECT (SELECT count(*)
-              FROM (SELECT 1 FROM {schema}.tasks AS t
-                     WHERE t.state = 'queued'
-                     LIMIT %(total_cap)s) AS c) AS queued,
-           (SELECT count(*) FROM {schema}.tasks AS t WHERE t.state = 'in_progress') AS in_progress
+total AS MATERIALIZED (
+    SELECT CASE WHEN (SELECT found FROM every_queue) THEN
+               (SELECT count(*)
+                  FROM (SELECT 1
+                          FROM fronts AS f
+                         CROSS JOIN LATERAL (
+                            SELECT 1 FROM {schema}.tasks AS t
+                             WHERE t.state = 'queued' AND t.queue = f.queue
+                               AND ((-t.priority), t.run_at, t.id)
+                                   >= (f.neg_priority, f.run_at, f.id)
+                             LIMIT %(total_cap)s) AS q
+                         LIMIT %(total_cap)s) AS c)
+           ELSE
+               (SELECT count(*)
+                  FROM (SELECT 1 FROM {schema}.tasks AS t
+                         WHERE t.state = 'queued'
+                         LIMIT %(total_cap)s) AS c)
+           END AS queued,
+           (SELECT coalesce(sum(r.n), 0) FROM running AS r) AS in_progress
 )
 UPDATE {schema}.stats_minutes AS s
    SET sampled_at = now(),
