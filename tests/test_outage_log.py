@@ -1,7 +1,9 @@
 """A database outage is quiet in the log: per process, one line when the database is lost, one a
 minute while it stays away (saying for how long), and one when it is back. An idle worker with
 the database down used to write about three warnings a second (lease renewals with nothing to
-renew, maintenance, the claim), thousands of lines over a long outage."""
+renew, maintenance, the claim), thousands of lines over a long outage. And once the database
+is back, a new task is claimed within five seconds (the pool's reconnect backoff used to reach
+32 s)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,12 @@ def test_a_long_outage_writes_a_few_lines_per_process(
             with psycopg.connect(dsn, autocommit=True) as c:
                 c.execute(f"INSERT INTO {schema}.tasks (task, payload) VALUES ('record', '{{}}')")
             wait_until(lambda: _states(dsn, schema) == {"done": 21}, timeout=60, interval=0.2)
+            with psycopg.connect(dsn, autocommit=True) as c:
+                waited = c.execute(
+                    "SELECT extract(epoch FROM started_at - created_at)::float8"
+                    f" FROM {schema}.tasks ORDER BY id DESC LIMIT 1"
+                ).fetchone()[0]  # type: ignore[index]
+            assert waited < 5.0, waited  # claims resumed within five seconds of the restart
             time.sleep(2)
             assert sup.poll() is None
         finally:

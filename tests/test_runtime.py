@@ -20,8 +20,6 @@ import pytest
 from conftest import spawn_cli, states, wait_until
 from test_pool import child_pids, kill_tree, live_workers
 
-from worker.db.migrate import migrate
-from worker.dev.embedded import EmbeddedPostgres
 from worker.engine.supervisor import child_command
 
 
@@ -291,43 +289,6 @@ def test_a_crashed_process_says_so_in_the_rows_it_was_running(
     ).fetchone()
     assert (state, attempts) == ("failed", 2)
     assert error.startswith("WorkerDied:") and "exit code 1" in error, error
-
-
-@pytest.mark.db  # a server of its own
-@pytest.mark.slow
-def test_claims_resume_within_five_seconds_after_a_45_second_outage(
-    tmp_path: Path,
-) -> None:
-    """The worker's own embedded server is stopped for 45 s while a worker runs; once it is back,
-    a new task is claimed within 5 s (the pool's reconnect backoff used to reach 32 s)."""
-    server = EmbeddedPostgres(tmp_path / "pg", durable=False)
-    dsn = server.start()
-    schema = "outage"
-    try:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            migrate(c, schema)
-            make_runs(c, schema)
-            enqueue(c, schema, "rt.sleep", 1)
-        flags = ("--processes", "1", "--lease", "10")
-        with pool(dsn, schema, *flags) as proc:
-            with psycopg.connect(dsn, autocommit=True) as c:
-                wait_until(lambda: done(c, schema) == 1, timeout=30)
-            server.stop()
-            time.sleep(45)
-            assert proc.poll() is None
-            server.start()
-            with psycopg.connect(dsn, autocommit=True) as c:
-                [task] = enqueue(c, schema, "rt.sleep", 1)
-                wait_until(lambda: done(c, schema) == 2, timeout=30)
-                waited = c.execute(
-                    f"SELECT extract(epoch FROM started_at - created_at) FROM {schema}.tasks"
-                    " WHERE id = %s",
-                    (task,),
-                ).fetchone()[0]
-            assert float(waited) < 5.0, waited
-            assert proc.poll() is None
-    finally:
-        server.stop()
 
 
 def test_child_command_line_carries_no_dsn() -> None:
