@@ -5,6 +5,7 @@ next `worker migrate`, and a roll forward from every earlier version with rows i
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,11 @@ from worker.db.migrate import current_version, latest_version, migrate
 
 # The last version before workflows (0022), which builds three indexes on the task table online.
 BEFORE = 21
+# The drain through a migration, below: at the suite's size, or with
+# WORKER_TEST_MIGRATION_SCALE=full at that of a busy deployment (5,000,000 finished rows and
+# 100,000 to drain; a few minutes).
+FULL_SCALE = os.environ.get("WORKER_TEST_MIGRATION_SCALE") == "full"
+FINISHED, LIVE, SLEEP = (5_000_000, 100_000, 0.005) if FULL_SCALE else (200_000, 3_000, 0.02)
 
 
 @pytest.fixture
@@ -279,17 +285,19 @@ def test_a_migration_held_up_for_good_stops_with_one_line(
 def test_workers_drain_through_an_online_migration_losing_nothing_and_running_nothing_twice(
     pg_dsn: str, conn: psycopg.Connection, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Real `worker run` processes drain 3,000 tasks over 200,000 finished rows while a migration
-    builds an index on the task table. A producer's transaction open meanwhile holds the build
-    up (it waits for it): the workers go on finishing tasks all the while, and when it is over
-    every task ran once, none two attempts at once, and the index is valid."""
+    """Real `worker run` processes drain 3,000 tasks over 200,000 finished rows (or 100,000 over
+    5,000,000: FULL_SCALE) while a migration builds an index on the task table. A producer's
+    transaction open meanwhile holds the build up (it waits for it): the workers go on finishing
+    tasks all the while, and when it is over every task ran once, none two attempts at once, and
+    the index is valid."""
     fm.make_runs(conn, schema)
     conn.execute(
         f"INSERT INTO {schema}.tasks (task, payload, state, attempts, finished_at)"
-        f" SELECT 'wf.noop', '{{}}', 'done', 1, now() FROM generate_series(1, 200000)"
+        " SELECT 'wf.noop', '{}', 'done', 1, now() FROM generate_series(1, %s)",
+        (FINISHED,),
     )
-    n = 3000
-    worker.enqueue_many(conn, "wf.add", ({"n": i, "s": 0.02} for i in range(n)), schema=schema)
+    n = LIVE
+    worker.enqueue_many(conn, "wf.add", ({"n": i, "s": SLEEP} for i in range(n)), schema=schema)
     probe_index = migrator.Migration(
         latest_version() + 1,
         "probe_index",
@@ -322,7 +330,7 @@ def test_workers_drain_through_an_online_migration_losing_nothing_and_running_no
             t.join(60)
             mconn.close()
         assert out.get("value") == [f"{probe_index.version:04d}_probe_index"], out
-        wait_until(lambda: conn.execute(done).fetchone()[0] == n, timeout=120)
+        wait_until(lambda: conn.execute(done).fetchone()[0] == n, timeout=120 + n / 500)
     runs = conn.execute(
         f"SELECT task_id, count(*) FROM {schema}.runs GROUP BY task_id HAVING count(*) > 1"
     ).fetchall()
