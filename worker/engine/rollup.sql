@@ -27,9 +27,8 @@ RETURNING minute;
 -- fronts, and while a long transaction elsewhere holds vacuum back they pile up by the million;
 -- so the skip scan walks them once, and every count starts at a front. When the skip scan found
 -- every queue, the fleet's total is the sum of those counts; otherwise it is counted over the
--- whole index, as a queue past the first %(max_queues)s is. The counts read in index order, so
--- that they stop at their cap (a bitmap scan would read every entry first). Each count is made
--- once (MATERIALIZED), and the running tasks are counted once per queue and summed.
+-- whole index, as a queue past the first %(max_queues)s is. Each count is made once
+-- (MATERIALIZED), and the running tasks are counted once per queue and summed.
 WITH RECURSIVE fronts AS (
     (SELECT t.queue, (-t.priority) AS neg_priority, t.run_at, t.id, 1 AS depth
        FROM {schema}.tasks AS t
@@ -56,7 +55,6 @@ counted AS MATERIALIZED (
               FROM (SELECT 1 FROM {schema}.tasks AS t
                      WHERE t.state = 'queued' AND t.queue = f.queue
                        AND ((-t.priority), t.run_at, t.id) >= (f.neg_priority, f.run_at, f.id)
-                     ORDER BY (-t.priority), t.run_at, t.id
                      LIMIT %(cap)s) AS c) AS queued
       FROM fronts AS f
 ),
@@ -128,7 +126,6 @@ total AS MATERIALIZED (
                              WHERE t.state = 'queued' AND t.queue = f.queue
                                AND ((-t.priority), t.run_at, t.id)
                                    >= (f.neg_priority, f.run_at, f.id)
-                             ORDER BY (-t.priority), t.run_at, t.id
                              LIMIT %(total_cap)s) AS q
                          LIMIT %(total_cap)s) AS c)
            ELSE
