@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import every_statement, states, wait_until
 from psycopg import sql
 
@@ -502,13 +503,15 @@ def test_a_queue_whose_name_holds_a_comma_is_still_woken(
         assert time.monotonic() - began < 3
 
 
+@pytest.mark.parametrize("with_result", [False, True], ids=["complete", "complete_with_result"])
 def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
-    pg_dsn: str, conn: psycopg.Connection, schema: str
+    pg_dsn: str, conn: psycopg.Connection, schema: str, with_result: bool
 ) -> None:
     """A worker that starts on a small table must not keep, for its acknowledgements, a plan
     made for a small table: one that reads the whole primary key and looks for the batch in
     it. With autovacuum off (or before it analyses), such a plan stayed cached, and each
-    acknowledgement of one row read every row of the table."""
+    acknowledgement of one row read every row of the table. The acknowledgements are prepared,
+    so the plan cached here is the one every later batch runs."""
     q = every_statement(schema)
     conn.execute(f"ALTER TABLE {schema}.tasks SET (autovacuum_enabled = false)")
     conn.execute(f"VACUUM ANALYZE {schema}.tasks")  # empty, as after a TRUNCATE and a vacuum
@@ -519,9 +522,13 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
             conn.execute(f"INSERT INTO {schema}.tasks (task, queue) VALUES ('t', 'q')")
             [c] = tr.claim(w, q.schema, queues=["q"], limit=1, worker_id=me, lease_seconds=30)
             with w.transaction():
-                assert tr.complete(w, q.schema, worker_id=me, done=[(c.id, c.attempt)]) == {
-                    c.id: "done"
-                }
+                if with_result:
+                    acked = tr.complete_with_result(
+                        w, q.schema, worker_id=me, done=[(c.id, c.attempt, '{"n": 1}')]
+                    )
+                else:
+                    acked = tr.complete(w, q.schema, worker_id=me, done=[(c.id, c.attempt)])
+                assert acked == {c.id: "done"}
                 row = w.execute(
                     "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables"
                     " WHERE schemaname = %s AND relname = 'tasks'",
@@ -538,3 +545,38 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
         )
         read = one_round()
         assert read < 100, f"{read} rows read to acknowledge one"  # not the table's 30,000
+
+
+def test_a_large_batch_is_acknowledged_whole_and_fenced_row_by_row(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A batch larger than one acknowledging statement takes (ACK_PIECE rows) goes in pieces:
+    every row still ours ends done with its own result, and a row at a stale attempt or owned
+    by another worker, anywhere in the batch, is left as it is."""
+    me = "00000000-0000-0000-0000-0000000000ab"
+    other = "00000000-0000-0000-0000-0000000000ac"
+    n = 2 * tr.ACK_PIECE + 37
+    ids = [
+        r[0]
+        for r in conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+            " lease_expires_at) SELECT 't', 'q', 'in_progress', 2, %s, now(),"
+            " now() + interval '1 hour' FROM generate_series(1, %s) ORDER BY 1 RETURNING id",
+            (me, n),
+        ).fetchall()
+    ]
+    stale = set(ids[5 :: 3 * tr.ACK_PIECE // 4])  # in every piece: acknowledged at attempt 1
+    taken = ids[-1]
+    conn.execute(f"UPDATE {schema}.tasks SET worker_id = %s WHERE id = %s", (other, taken))
+    done = [(i, 1 if i in stale else 2, json.dumps({"id": i})) for i in ids]
+    acked = tr.complete_with_result(conn, schema, worker_id=me, done=done)
+    assert acked == {i: "done" for i in ids if i not in stale and i != taken}
+    ended = conn.execute(f"SELECT id, result FROM {schema}.tasks WHERE state = 'done'")
+    rows = dict(ended.fetchall())
+    assert rows == {i: {"id": i} for i in acked}
+    left = conn.execute(
+        f"SELECT count(*) FROM {schema}.tasks WHERE state = 'in_progress'"
+    ).fetchone()[0]
+    assert left == len(stale) + 1
+    plain = [(i, 2) for i in sorted(stale)]  # their right attempt now, without results
+    assert tr.complete(conn, schema, worker_id=me, done=plain) == {i: "done" for i in stale}

@@ -1,7 +1,7 @@
 """Acknowledgements: a worker's finished tasks leave ``in_progress`` (``complete``, ``fail``,
 ``hand_back``, ``release``), fenced on (worker id, attempt), and the leases of running ones are
-renewed (``heartbeat``). Every function runs one statement for a whole batch; none is called per
-task on the hot path.
+renewed (``heartbeat``). Every function runs one statement for a whole batch (those that end rows
+done, one per ACK_PIECE rows of it); none is called per task on the hot path.
 
 Every statement is in ``acks.sql`` beside this module.
 """
@@ -27,6 +27,12 @@ ERROR_HISTORY = 10
 ERROR_HISTORY_CHARS = 2000
 
 HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
+
+# The statements that end rows done (complete, complete_delete, complete_with_result,
+# complete_steps) are prepared, and find each row's attempt by its position in the batch: a pass
+# over the batch per row (see complete in acks.sql). Batches go in pieces of at most this many
+# rows, where the passes cost less than planning the statement did.
+ACK_PIECE = 100
 
 
 @dataclass(slots=True)
@@ -56,6 +62,13 @@ def complete(
     as done)."""
     if not done:
         return {}
+    if len(done) > ACK_PIECE:
+        kept: dict[int, str] = {}
+        for piece in _pieces_of(done):
+            kept |= complete(
+                conn, schema, worker_id=worker_id, done=piece, delete=delete, move=move
+            )
+        return kept
     ids, attempts = zip(*done, strict=True)
     params: dict[str, str | None] = {
         "ids": int_array(ids),
@@ -63,9 +76,9 @@ def complete(
         "worker_id": worker_id,
     }
     if not delete and not move:
-        return dict(conn.execute(statements(schema)["complete"], params, **PLAN_EACH).fetchall())
+        return dict(conn.execute(statements(schema)["complete"], params).fetchall())
     if delete:
-        gone = conn.execute(statements(schema)["complete_delete"], params, **PLAN_EACH).fetchall()
+        gone = conn.execute(statements(schema)["complete_delete"], params).fetchall()
     else:
         params["results"] = None  # nothing to store: each row keeps its own (see complete_move)
         gone = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
@@ -191,6 +204,11 @@ def complete_with_result(
     result. Returns {id: "done" | "cancelled"} for the rows that were still ours."""
     if not done:
         return {}
+    if len(done) > ACK_PIECE:
+        stored: dict[int, str] = {}
+        for piece in _pieces_of(done):
+            stored |= complete_with_result(conn, schema, worker_id=worker_id, done=piece, move=move)
+        return stored
     params = _with_results(done, worker_id)
     kept: dict[int, str] = {}
     if move:
@@ -200,7 +218,7 @@ def complete_with_result(
             return kept
         rest = [row for row in done if row[0] not in kept]
         return kept | complete_with_result(conn, schema, worker_id=worker_id, done=rest)
-    rows = conn.execute(statements(schema)["complete_with_result"], params, **PLAN_EACH).fetchall()
+    rows = conn.execute(statements(schema)["complete_with_result"], params).fetchall()
     return {r[0]: r[1] for r in rows}
 
 
@@ -230,8 +248,18 @@ def complete_steps(
     runnable); those in ``quiet`` are not woken (see settle_steps)."""
     if not done:
         return {}, []
+    if len(done) > ACK_PIECE:
+        kept: dict[int, str] = {}
+        readied: list[str] = []
+        for piece in _pieces_of(done):
+            states, queues = complete_steps(
+                conn, schema, worker_id=worker_id, done=piece, quiet=quiet
+            )
+            kept |= states
+            readied += [q for q in queues if q not in readied]
+        return kept, readied
     params = {**_with_results(done, worker_id), "quiet": text_array(quiet)}
-    rows = conn.execute(statements(schema)["complete_steps"], params, **PLAN_EACH).fetchall()
+    rows = conn.execute(statements(schema)["complete_steps"], params).fetchall()
     return {r[0]: r[1] for r in rows}, list(rows[0][3] or []) if rows else []
 
 
@@ -261,6 +289,11 @@ def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Ite
     in acks.sql). Delivered when the caller's transaction commits."""
     for payload in _pieces([str(int(i)) for i in ids]):
         conn.execute(statements(schema)["notify_done"], {"channel": channel, "ids": payload})
+
+
+def _pieces_of(rows: Sequence[Any]) -> list[Sequence[Any]]:
+    """A batch in pieces of at most ACK_PIECE rows."""
+    return [rows[i : i + ACK_PIECE] for i in range(0, len(rows), ACK_PIECE)]
 
 
 def _pieces(ids: list[str]) -> list[str]:
