@@ -28,10 +28,11 @@ ERROR_HISTORY_CHARS = 2000
 
 HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
 
-# The statements that end rows done (complete, complete_delete, complete_with_result,
-# complete_steps) are prepared, and find each row's attempt by its position in the batch: a pass
-# over the batch per row (see complete in acks.sql). Batches go in pieces of at most this many
-# rows, where the passes cost less than planning the statement did.
+# The statements that end rows done (complete, complete_delete, complete_move,
+# complete_with_result, complete_steps) are prepared, and find each row's attempt by its
+# position in the batch: a pass over the batch per row (see complete in acks.sql). Batches go
+# in pieces of at most this many rows, where the passes cost less than planning the statement
+# did.
 ACK_PIECE = 100
 
 
@@ -81,7 +82,7 @@ def complete(
         gone = conn.execute(statements(schema)["complete_delete"], params).fetchall()
     else:
         params["results"] = None  # nothing to store: each row keeps its own (see complete_move)
-        gone = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
+        gone = conn.execute(statements(schema)["complete_move"], params).fetchall()
     kept = {r[0]: "done" for r in gone}
     if len(kept) < len(ids):
         # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
@@ -212,7 +213,7 @@ def complete_with_result(
     params = _with_results(done, worker_id)
     kept: dict[int, str] = {}
     if move:
-        moved = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
+        moved = conn.execute(statements(schema)["complete_move"], params).fetchall()
         kept = {r[0]: "done" for r in moved}
         if len(kept) == len(done):
             return kept

@@ -136,17 +136,15 @@ SELECT id FROM acked;
 -- them; NULL for rows whose handler stored none (the row keeps its own, as `complete` does).
 WITH gone AS (
     DELETE FROM {schema}.tasks AS t
-     USING unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
-           AS a(id, attempt, result)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- the batch's rows by primary key (see complete)
+       AND t.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], t.id)]
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
        AND t.cron_key IS NULL
        AND t.cancel_requested_at IS NULL
        AND t.workflow_id IS NULL
        AND t.dependents IS NOT TRUE
-    RETURNING t.*, a.result AS stored
+    RETURNING t.*, (%(results)s::text[])[array_position(%(ids)s::bigint[], t.id)] AS stored
 ), moved AS (
     INSERT INTO {schema}.task_history (id, queue, task, payload, priority, run_at, attempts, max_attempts,
                                        last_error, dedupe_key, cron_key, cron_at, worker_id,
