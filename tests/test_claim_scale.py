@@ -9,6 +9,7 @@ import itertools
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -253,6 +254,74 @@ def test_dead_entries_behind_the_cursor_are_not_walked(
     )
 
 
+def test_a_late_notification_sends_the_claim_back_only_as_far_as_its_rows(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """While another session holds a snapshot, 20,000 rows enqueued in 40 transactions are
+    claimed. A notification of rows already claimed comes late (the worker read on past them
+    before it got to the notification), naming the run_at of the 38th transaction; so does the
+    maintenance thread's probe, for another row. The next claim reads the queue from that run_at,
+    a few buffers, not from the queue's start over every dead entry (which a late notification
+    did before, many times a minute under load, each walk longer as the dead entries grew)."""
+    b = Batcher(
+        every_statement(schema),
+        "00000000-0000-0000-0000-000000000004",
+        queues=["q"],
+        batch_size=500,
+        lease_seconds=30,
+        delete_done=False,
+        max_attempts={},
+        poll_interval=1.0,
+        channel=notify_channel(schema),
+    )
+
+    def claim_all() -> int:
+        got = b.claim(conn, 500, time.monotonic())
+        assert got is not None
+        b.committed(got)
+        return len(got.rows)
+
+    def from_position() -> dict[str, Any]:
+        pos = b.cursor.position("q")
+        return _claim_plan(
+            conn, schema, cursor_priority=[pos[0]], floor_run_at=[pos[1]], floor_id=[pos[2]]
+        )
+
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1").fetchone()  # the snapshot is taken: the horizon is held
+        starts = []
+        for _ in range(40):
+            with conn.transaction():
+                worker.enqueue_many(
+                    conn, "t", ({"n": i} for i in range(500)), queue="q", schema=schema
+                )
+                starts.append(conn.execute("SELECT now()").fetchone()[0])
+        claimed = 0
+        while claimed < 20000:
+            with conn.transaction():
+                claimed += claim_all()
+        worker.enqueue(conn, "t", {"n": -1}, queue="q", schema=schema)
+        late = (starts[37] - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        assert b.cursor.passed("q", late)  # behind the floor: the old code read from the start
+        assert b.notified(f"q,\x1e{late}")
+        floor = b.cursor.position("q")[1]
+        assert starts[36] < floor < starts[37]
+        rewound = from_position()
+        with conn.transaction():
+            assert claim_all() == 1  # the one new row
+        assert b.cursor.position("q")[1] >= starts[38]  # the floor trails the claims again
+        worker.enqueue(conn, "t", {"n": -2}, queue="q", schema=schema)
+        b.rewind([("q", late)])  # the maintenance thread's probe, as it reports a row
+        probed = from_position()
+        from_start = _claim_plan(conn, schema)
+        holder.rollback()
+    for plan in (rewound, probed, from_start):
+        assert plan["Plan"]["Actual Rows"] == 1
+    assert _buffers(rewound) * 5 < _buffers(from_start), (_buffers(rewound), _buffers(from_start))
+    assert _buffers(probed) * 5 < _buffers(from_start), (_buffers(probed), _buffers(from_start))
+
+
 def test_promotion_by_concurrent_workers_moves_each_row_once(pg_dsn: str, schema: str) -> None:
     """Any worker promotes (no leader): four sessions promoting at once move each due row
     exactly once, and each says when the next scheduled row is due."""
@@ -411,8 +480,8 @@ def test_a_row_committed_long_after_its_transaction_began_is_claimed_at_once(
     """A producer's transaction inserts a row, works for two seconds while other rows are
     enqueued and claimed (the worker's cursor moves past the row's run_at, the transaction's
     start), then commits. The notification carries the row's run_at (schema/0015), so the
-    worker reads the queue from its start at once: neither its poll (30 s here) nor the cursor
-    probe (30 s apart while notifications arrive) is what finds the row."""
+    worker reads the queue from that run_at at once: neither its poll (30 s here) nor the
+    cursor probe (30 s apart while notifications arrive) is what finds the row."""
     reg = worker.Registry()
     done: list[int] = []
     reg.task("t")(lambda p: done.append(p["n"]))

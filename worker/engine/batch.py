@@ -106,9 +106,9 @@ class Batcher:
     def notified(self, payload: str | None) -> bool:
         """A notification named these queues (comma-separated; empty or None: any queue), with
         the earliest run_at of its rows (schema/0015). A queue whose cursor is past that time is
-        read from its start next, as is every queue after a notification that names none (too
-        many names, or LISTEN was made again and some may have been missed). Returns whether this
-        worker serves any of the queues."""
+        read from that time next (ClaimCursor.rewind); every queue is read from its start after
+        a notification that names none (too many names, or LISTEN was made again and some may
+        have been missed). Returns whether this worker serves any of the queues."""
         names, earliest = store.parse_notification(payload)
         if names is None:
             self._hot.update(self.queues)
@@ -119,8 +119,7 @@ class Batcher:
         self._hot.update(served)
         if earliest is not None:
             for name in served:
-                if self.cursor.passed(name, earliest):
-                    self.cursor.reset(name)
+                self.cursor.rewind(name, earliest)
         return bool(served)
 
     def mark(self, names: Sequence[str]) -> None:
@@ -299,8 +298,7 @@ class Batcher:
                 # Rows due a while ago (promotion ran late) may sit behind this worker's cursor.
                 if promoted.earliest is not None:
                     for name in promoted.queues:
-                        if self.cursor.passed(name, promoted.earliest):
-                            self.cursor.reset(name)
+                        self.cursor.rewind(name, promoted.earliest)
         if now >= self._limit_at:
             self._hot.update(self._waiting)
             self._waiting.clear()
@@ -364,11 +362,15 @@ class Batcher:
         if claim is not None:
             self._hot.update(claim.queues)
 
-    def reset(self, names: Sequence[str]) -> None:
-        """Rows committed behind the cursor of these queues (see store.behind): read them from
-        their start."""
-        for name in names:
-            self.cursor.reset(name)
+    def rewind(self, found: Sequence[tuple[str, int | None]]) -> None:
+        """Rows committed behind the cursor of these queues, the earliest at this run_at
+        (microseconds since the epoch; None: unknown, see store.behind): read them from
+        there."""
+        for name, earliest in found:
+            if earliest is None:
+                self.cursor.reset(name)
+            else:
+                self.cursor.rewind(name, earliest)
             if name in self._served:
                 self._hot.add(name)
 

@@ -292,7 +292,7 @@ class Worker:
             elif item[0] == "due":
                 self.batcher.mark(item[1])
             elif item[0] == "behind":
-                self.batcher.reset(item[1])
+                self.batcher.rewind(item[1])
 
             elif item[0] == "started":
                 self.table.started(*item[1:])
@@ -439,9 +439,9 @@ class Worker:
 
     def probe(self, conn: psycopg.Connection) -> None:
         """On the maintenance thread: queues with rows committed behind the claim's cursor."""
-        names = store.behind(conn, self.q.schema, self.batcher.cursor)
-        if names:
-            self.events.put(("behind", names))
+        found = store.behind(conn, self.q.schema, self.batcher.cursor)
+        if found:
+            self.events.put(("behind", found))
 
         if not self.batcher.polls_all:
             due = store.due_queues(conn, self.q.schema, self.queues)

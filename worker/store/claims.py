@@ -75,9 +75,12 @@ class ClaimCursor:
     a promoted or retried row): ``lookback`` seconds of run_at, but never more than the last
     ``rows`` rows this worker claimed, so that draining a backlog (where thousands of rows share
     a run_at) does not re-read thousands of dead entries per claim. Higher and lower priorities
-    are always read from their start. Rows further behind are found off the claim path
-    (``behind``), which calls ``reset``. Short claims do not reset the cursor: at light load
-    nearly every claim is short, and a reset would walk every dead entry again.
+    are always read from their start. Rows further behind (a notification or a promotion that
+    names an earlier run_at, rows the maintenance thread's ``behind`` finds) move the floor back
+    to them (``rewind``), not to the queue's start: while a long transaction holds vacuum back,
+    the dead entries in front of the floor number in the millions, and a claim from the start
+    walked every one of them. Short claims keep the cursor: at light load nearly every claim is
+    short.
     """
 
     def __init__(self, lookback: float, rows: int = 1000) -> None:
@@ -85,6 +88,7 @@ class ClaimCursor:
         self.rows = rows
         self._last: dict[str, tuple[int, datetime, int]] = {}
         self._recent: dict[str, deque[tuple[datetime, int]]] = {}
+        self._back: dict[str, datetime] = {}  # a floor moved back by rewind, until a claim
 
     def position(self, queue: str) -> tuple[int, datetime, int]:
         """(-priority, run_at, id) of the floor: the claim reads this priority from there."""
@@ -96,6 +100,9 @@ class ClaimCursor:
         recent = self._recent[queue]
         if len(recent) == recent.maxlen:
             floor = max(floor, recent[0])
+        back = self._back.get(queue)
+        if back is not None and back < floor[0]:
+            floor = (back, 0)
         return (neg_priority, *floor)
 
     def advance(self, queue: str, rows: Sequence[Claimed]) -> None:
@@ -107,6 +114,9 @@ class ClaimCursor:
             recent = self._recent[queue] = deque(maxlen=self.rows)
         recent.extend((r.run_at, r.id) for r in rows if r.priority == last.priority)
         self._last[queue] = (-last.priority, last.run_at, last.id)
+        # The claim read from the floor moved back, in claim order: rows it did not reach come
+        # after its last one, where the floor now trails.
+        self._back.pop(queue, None)
 
     def passed(self, queue: str, earliest: int) -> bool:
         """Whether a row with this run_at (microseconds since the epoch) may lie behind the floor
@@ -116,9 +126,19 @@ class ClaimCursor:
         floor = self.position(queue)[1]
         return earliest <= (floor - _EPOCH) // _MICROSECOND
 
+    def rewind(self, queue: str, earliest: int) -> None:
+        """Rows with this run_at (microseconds since the epoch) or later may wait in ``queue``:
+        the next claim reads the cursor's priority from there, if that is behind its floor.
+        (Other priorities are read from their start anyway.)"""
+        if self.passed(queue, earliest):
+            first = (_EARLIEST - _EPOCH) // _MICROSECOND
+            at = _EPOCH + timedelta(microseconds=max(earliest - 1, first))
+            self._back[queue] = min(self._back.get(queue, at), at)
+
     def reset(self, queue: str) -> None:
         self._last.pop(queue, None)
         self._recent.pop(queue, None)
+        self._back.pop(queue, None)
 
     def placed(self) -> list[str]:
         """The queues that have a position (the others are read from their start anyway)."""
@@ -332,8 +352,12 @@ def due_queues(conn: psycopg.Connection, schema: str, queues: Sequence[str]) -> 
     ]
 
 
-def behind(conn: psycopg.Connection, schema: str, cursor: ClaimCursor) -> list[str]:
-    """Queues with a claimable row behind the cursor's look-back window (see ClaimCursor)."""
+def behind(
+    conn: psycopg.Connection, schema: str, cursor: ClaimCursor
+) -> list[tuple[str, int | None]]:
+    """Queues with a claimable row behind the cursor's look-back window (see ClaimCursor), each
+    with the earliest such row's run_at in microseconds since the epoch (None: read the queue
+    from its start)."""
     names = cursor.placed()
     if not names:
         return []
@@ -347,7 +371,7 @@ def behind(conn: psycopg.Connection, schema: str, cursor: ClaimCursor) -> list[s
             "floor_id": [p[2] for p in positions],
         },
     ).fetchall()
-    return [r[0] for r in rows]
+    return [(r[0], r[1]) for r in rows]
 
 
 class HandlerLimits:

@@ -78,8 +78,8 @@ RETURNING id;
 --   1. higher priorities than the cursor's, from their start;
 --   2. the cursor's priority, from the floor;
 --   3. lower priorities, from their start.
--- A row that commits further behind than the floor is found by `behind` (run by the
--- maintenance thread), which sends this worker back to the start of that queue.
+-- A row that commits further behind than the floor is announced with its run_at, or found by
+-- `behind` (run by the maintenance thread): the worker's floor then moves back to that run_at.
 --
 -- Rows come back with `start_in` (a rate limit's pace: seconds until the handler may start;
 -- NULL: no pace) and `slack` (how late it may start), and `limited`; a queue a limit held back comes back as a row without an id, with
@@ -225,17 +225,22 @@ SELECT q.name
 
 -- name: behind
 -- The queues (of those given) with a claimable row that committed further behind this worker's
--- cursor than the claim's look-back window: a producer transaction that ran long, or a run_at set
--- in the past. Read by the maintenance thread, off the claim path, since this walks the dead
--- entries the claim avoids.
-SELECT q.name
+-- cursor than the claim's look-back window (a producer transaction that ran long, or a run_at set
+-- in the past), each with the earliest such row's run_at in microseconds since the epoch (NULL
+-- for a run_at of -infinity, which has no number: the worker then reads the queue from its
+-- start). The worker's next claim of the queue reads from there. Read by the maintenance thread,
+-- off the claim path, since this walks the dead entries the claim avoids.
+SELECT q.name,
+       CASE WHEN isfinite(b.run_at) THEN (extract(epoch FROM b.run_at) * 1000000)::bigint END
   FROM unnest(%(queues)s::text[], %(cursor_priority)s::integer[],
               %(floor_run_at)s::timestamptz[], %(floor_id)s::bigint[])
        AS q(name, neg_priority, run_at, id)
- WHERE EXISTS (
-    SELECT 1 FROM {schema}.tasks
-     WHERE state = 'queued' AND queue = q.name AND (-priority) = q.neg_priority
-       AND (run_at, id) < (q.run_at, q.id));
+ CROSS JOIN LATERAL (
+    SELECT t.run_at FROM {schema}.tasks AS t
+     WHERE t.state = 'queued' AND t.queue = q.name AND (-t.priority) = q.neg_priority
+       AND (t.run_at, t.id) < (q.run_at, q.id)
+     ORDER BY (-t.priority), t.run_at, t.id
+     LIMIT 1) AS b;
 
 -- name: wake_handed_back
 -- A worker that has handlers for %(tasks)s started: the rows of those tasks that workers without
