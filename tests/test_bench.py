@@ -12,7 +12,10 @@ import psycopg
 import pytest
 from conftest import run_cli
 
+import worker
 from worker.cli.main import main
+from worker.db.sql import queries
+from worker.dev import bench_soak
 from worker.dev.bench_phases import reset, truncate
 
 TINY = (
@@ -405,3 +408,22 @@ def test_bad_soak_flags_are_one_line_and_exit_2(flags: tuple[str, ...]) -> None:
     r = run_cli("bench", "--dsn", "postgresql://nowhere.invalid/db", *flags)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_the_soaks_backlog_count_is_the_number_of_tasks_waiting(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The soak counts its backlog among the newest ids (the worker claims oldest first), up to
+    a cap: the count is the number of queued tasks, and the cap once more than the cap wait."""
+    q = queries(schema, bench_soak.SQL_DIR)
+    worker.enqueue_many(conn, "t", ({"n": i} for i in range(50)), schema=schema)
+    ids = [r[0] for r in conn.execute(f"SELECT id FROM {schema}.tasks ORDER BY id").fetchall()]
+    conn.execute(
+        f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 1, started_at = now(),"
+        " lease_expires_at = now() + interval '1 minute' WHERE id <= %s",
+        (ids[29],),
+    )
+    hi = ids[-1]
+    for cap, waiting in ((100, 20), (20, 20), (12, 12)):
+        (n,) = conn.execute(q["soak_backlog"], {"after": max(hi - cap, 0)}).fetchone()
+        assert n == waiting, (cap, n)

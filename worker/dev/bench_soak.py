@@ -200,7 +200,9 @@ def soak(conn: psycopg.Connection, dsn: str, args: argparse.Namespace) -> dict[s
             hi, sent = producer.mark()
             after, cpu_after = table_stats(conn, q), cpu.seconds()
             got = read_waits(conn, q, lo, hi)
-            backlog = conn.execute(q["soak_backlog"], {"cap": BACKLOG_CAP}).fetchone()[0]
+            backlog = conn.execute(
+                q["soak_backlog"], {"after": max(hi - BACKLOG_CAP, 0)}
+            ).fetchone()[0]
             spent = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
             rows.append(
                 _minute_row(
