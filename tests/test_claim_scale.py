@@ -51,6 +51,28 @@ def _claim_plan(conn: psycopg.Connection, schema: str, **params: Any) -> dict[st
     return row[0][0]
 
 
+def _batcher(
+    schema: str,
+    worker_id: str,
+    *,
+    queues: tuple[str, ...] | list[str] = ("q",),
+    batch: int = 500,
+    poll: float = 1.0,
+) -> Batcher:
+    """The claiming side of a worker (of queue q, claiming 500 rows at a time, unless told)."""
+    return Batcher(
+        every_statement(schema),
+        worker_id,
+        queues=list(queues),
+        batch_size=batch,
+        lease_seconds=30,
+        delete_done=False,
+        max_attempts={},
+        poll_interval=poll,
+        channel=notify_channel(schema),
+    )
+
+
 def _buffers(plan: dict[str, Any]) -> int:
     """Buffers the claim's search read (the `picked` CTE: the index ranges, and the rows it
     locked). The UPDATE that follows writes new row versions wherever the free-space map sends
@@ -152,17 +174,7 @@ def test_a_notification_claims_only_the_queues_it_names(
     """A worker serving 200 queues reads one statement per wake-up, over the named queues only;
     every queue once per poll interval."""
     names = [f"q{i}" for i in range(200)]
-    b = Batcher(
-        every_statement(schema),
-        "00000000-0000-0000-0000-000000000002",
-        queues=names,
-        batch_size=10,
-        lease_seconds=30,
-        delete_done=False,
-        max_attempts={},
-        poll_interval=60.0,
-        channel=notify_channel(schema),
-    )
+    b = _batcher(schema, "00000000-0000-0000-0000-000000000002", queues=names, batch=10, poll=60.0)
     now = time.monotonic()
     with conn.transaction():
         first = b.claim(conn, 10, now)  # the first claim reads every queue
@@ -208,17 +220,7 @@ def test_dead_entries_behind_the_cursor_are_not_walked(
     claimed in small batches. A claim from the worker's cursor then reads a few buffers; the
     same claim from the start of the queue walks every dead entry. Short claims keep the
     cursor."""
-    b = Batcher(
-        every_statement(schema),
-        "00000000-0000-0000-0000-000000000003",
-        queues=["q"],
-        batch_size=500,
-        lease_seconds=30,
-        delete_done=False,
-        max_attempts={},
-        poll_interval=1.0,
-        channel=notify_channel(schema),
-    )
+    b = _batcher(schema, "00000000-0000-0000-0000-000000000003")
     with psycopg.connect(pg_dsn) as holder:
         holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT 1").fetchone()  # the snapshot is taken: the horizon is held
@@ -263,17 +265,7 @@ def test_a_late_notification_sends_the_claim_back_only_as_far_as_its_rows(
     maintenance thread's probe, for another row. The next claim reads the queue from that run_at,
     a few buffers, not from the queue's start over every dead entry (which a late notification
     did before, many times a minute under load, each walk longer as the dead entries grew)."""
-    b = Batcher(
-        every_statement(schema),
-        "00000000-0000-0000-0000-000000000004",
-        queues=["q"],
-        batch_size=500,
-        lease_seconds=30,
-        delete_done=False,
-        max_attempts={},
-        poll_interval=1.0,
-        channel=notify_channel(schema),
-    )
+    b = _batcher(schema, "00000000-0000-0000-0000-000000000004")
 
     def claim_all() -> int:
         got = b.claim(conn, 500, time.monotonic())

@@ -1,7 +1,7 @@
 """Acknowledgements: a worker's finished tasks leave ``in_progress`` (``complete``, ``fail``,
 ``hand_back``, ``release``), fenced on (worker id, attempt), and the leases of running ones are
-renewed (``heartbeat``). Every function runs one statement for a whole batch (those that end rows
-done, one per ACK_PIECE rows of it); none is called per task on the hot path.
+renewed (``heartbeat``). Every function runs one statement for a whole batch (those that end
+plain rows done, one per ACK_PIECE rows of it); none is called per task on the hot path.
 
 Every statement is in ``acks.sql`` beside this module.
 """
@@ -32,7 +32,7 @@ HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
 # complete_with_result, complete_steps) are prepared, and find each row's attempt by its
 # position in the batch: a pass over the batch per row (see complete in acks.sql). Batches go
 # in pieces of at most this many rows, where the passes cost less than planning the statement
-# did.
+# did; a workflow's steps excepted (see complete_steps).
 ACK_PIECE = 100
 
 
@@ -249,16 +249,9 @@ def complete_steps(
     runnable); those in ``quiet`` are not woken (see settle_steps)."""
     if not done:
         return {}, []
-    if len(done) > ACK_PIECE:
-        kept: dict[int, str] = {}
-        readied: list[str] = []
-        for piece in _pieces_of(done):
-            states, queues = complete_steps(
-                conn, schema, worker_id=worker_id, done=piece, quiet=quiet
-            )
-            kept |= states
-            readied += [q for q in queues if q not in readied]
-        return kept, readied
+    # One statement whatever the batch's size, not pieces of ACK_PIECE rows: the settlement
+    # locks the dependents in id order within a statement, and two workers whose pieces locked
+    # the joins of a fan-in in different orders would deadlock.
     params = {**_with_results(done, worker_id), "quiet": text_array(quiet)}
     rows = conn.execute(statements(schema)["complete_steps"], params).fetchall()
     return {r[0]: r[1] for r in rows}, list(rows[0][3] or []) if rows else []

@@ -89,7 +89,8 @@ SELECT pg_notify(%(channel)s, %(ids)s);
 -- attempts), a generic plan cached while the table was small read the whole primary key for
 -- each acknowledgement once it was large. Finding a position costs a pass over the batch, so a
 -- batch is acknowledged in pieces of at most ACK_PIECE rows (store/acks.py): at 100 rows the
--- two forms cost the same, at 300 the passes cost more than the plan.
+-- two forms cost the same, at 300 the passes cost more than the plan. (complete_steps takes its
+-- batch whole: see complete_steps in store/acks.py.)
 WITH acked AS (
     UPDATE {schema}.tasks AS t
        SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
