@@ -75,12 +75,10 @@ class ClaimCursor:
     a promoted or retried row): ``lookback`` seconds of run_at, but never more than the last
     ``rows`` rows this worker claimed, so that draining a backlog (where thousands of rows share
     a run_at) does not re-read thousands of dead entries per claim. Higher and lower priorities
-    are always read from their start. Rows further behind (a notification or a promotion that
-    names an earlier run_at, rows the maintenance thread's ``behind`` finds) move the floor back
-    to them (``rewind``), not to the queue's start: while a long transaction holds vacuum back,
-    the dead entries in front of the floor number in the millions, and a claim from the start
-    walked every one of them. Short claims keep the cursor: at light load nearly every claim is
-    short.
+    are always read from their start. Rows further behind (named by a notification or a
+    promotion, or found by ``behind``) move the floor back to them (``rewind``), not to the
+    queue's start, which a held transaction can put millions of dead entries away. Short claims
+    keep the cursor: at light load nearly every claim is short.
     """
 
     def __init__(self, lookback: float, rows: int = 1000) -> None:
@@ -114,9 +112,7 @@ class ClaimCursor:
             recent = self._recent[queue] = deque(maxlen=self.rows)
         recent.extend((r.run_at, r.id) for r in rows if r.priority == last.priority)
         self._last[queue] = (-last.priority, last.run_at, last.id)
-        # The claim read from the floor moved back, in claim order: rows it did not reach come
-        # after its last one, where the floor now trails.
-        self._back.pop(queue, None)
+        self._back.pop(queue, None)  # this claim read from there; what it left comes after it
 
     def passed(self, queue: str, earliest: int) -> bool:
         """Whether a row with this run_at (microseconds since the epoch) may lie behind the floor
@@ -128,8 +124,7 @@ class ClaimCursor:
 
     def rewind(self, queue: str, earliest: int) -> None:
         """Rows with this run_at (microseconds since the epoch) or later may wait in ``queue``:
-        the next claim reads the cursor's priority from there, if that is behind its floor.
-        (Other priorities are read from their start anyway.)"""
+        the next claim reads the cursor's priority from there, if that is behind its floor."""
         if self.passed(queue, earliest):
             first = (_EARLIEST - _EPOCH) // _MICROSECOND
             at = _EPOCH + timedelta(microseconds=max(earliest - 1, first))
