@@ -55,8 +55,8 @@ SELECT p.pid, a.backend_type = 'autovacuum worker' AS auto
 -- Tasks waiting at the end of a minute, counted up to a cap: 0 while the worker keeps up. Read
 -- by primary key among the last ids the producer was given (after %(after)s, the cap's worth):
 -- the worker claims in order of run_at and id, so a task older than those waiting means they
--- all wait, and the count is the cap. Not from the claim index, whose dead entries (millions while
--- a transaction is held) a count there walks every minute, on the cores the soak measures.
+-- all wait, and the count is the cap. Not from the claim index, whose dead entries (millions
+-- while a transaction is held) a count there walks every minute, on the cores the soak measures.
 SELECT count(*) FROM {schema}.tasks WHERE id > %(after)s AND state = 'queued';
 
 -- name: soak_settings

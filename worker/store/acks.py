@@ -8,7 +8,7 @@ Every statement is in ``acks.sql`` beside this module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,12 +64,7 @@ def complete(
     if not done:
         return {}
     if len(done) > ACK_PIECE:
-        kept: dict[int, str] = {}
-        for piece in _pieces_of(done):
-            kept |= complete(
-                conn, schema, worker_id=worker_id, done=piece, delete=delete, move=move
-            )
-        return kept
+        return _in_pieces(complete, conn, schema, worker_id, done, delete=delete, move=move)
     ids, attempts = zip(*done, strict=True)
     params: dict[str, str | None] = {
         "ids": int_array(ids),
@@ -206,10 +201,7 @@ def complete_with_result(
     if not done:
         return {}
     if len(done) > ACK_PIECE:
-        stored: dict[int, str] = {}
-        for piece in _pieces_of(done):
-            stored |= complete_with_result(conn, schema, worker_id=worker_id, done=piece, move=move)
-        return stored
+        return _in_pieces(complete_with_result, conn, schema, worker_id, done, move=move)
     params = _with_results(done, worker_id)
     kept: dict[int, str] = {}
     if move:
@@ -285,9 +277,19 @@ def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Ite
         conn.execute(statements(schema)["notify_done"], {"channel": channel, "ids": payload})
 
 
-def _pieces_of(rows: Sequence[Any]) -> list[Sequence[Any]]:
-    """A batch in pieces of at most ACK_PIECE rows."""
-    return [rows[i : i + ACK_PIECE] for i in range(0, len(rows), ACK_PIECE)]
+def _in_pieces(
+    ack: Callable[..., dict[int, str]],
+    conn: psycopg.Connection,
+    schema: str,
+    worker_id: str,
+    done: Sequence[Any],
+    **options: bool,
+) -> dict[int, str]:
+    """``ack`` over the batch in pieces of at most ACK_PIECE rows, its answers merged."""
+    kept: dict[int, str] = {}
+    for i in range(0, len(done), ACK_PIECE):
+        kept |= ack(conn, schema, worker_id=worker_id, done=done[i : i + ACK_PIECE], **options)
+    return kept
 
 
 def _pieces(ids: list[str]) -> list[str]:
