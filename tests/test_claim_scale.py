@@ -571,8 +571,7 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
     """A worker that starts on a small table must not keep, for its acknowledgements, a plan
     made for a small table: one that reads the whole primary key and looks for the batch in
     it. With autovacuum off (or before it analyses), such a plan stayed cached, and each
-    acknowledgement of one row read every row of the table. The acknowledgements are prepared,
-    so the plan cached here is the one every later batch runs."""
+    acknowledgement of one row read every row of the table."""
     q = every_statement(schema)
     conn.execute(f"ALTER TABLE {schema}.tasks SET (autovacuum_enabled = false)")
     conn.execute(f"VACUUM ANALYZE {schema}.tasks")  # empty, as after a TRUNCATE and a vacuum
@@ -611,12 +610,14 @@ def test_acknowledgements_read_only_their_rows_whatever_the_table_held_before(
 def test_a_large_batch_is_acknowledged_whole_and_fenced_row_by_row(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    """A batch larger than one acknowledging statement takes (ACK_PIECE rows) goes in pieces:
-    every row still ours ends done with its own result, and a row at a stale attempt or owned
-    by another worker, anywhere in the batch, is left as it is."""
+    """A batch of 237 rows: every row still ours ends done with its own result, and a row at a
+    stale attempt or owned by another worker, anywhere in the batch, is left as it is. The same
+    row may come twice, at a stale attempt and at its own (cancelled, retried and claimed again
+    by this worker before the first outcome was acknowledged): the one at its own attempt ends
+    it."""
     me = "00000000-0000-0000-0000-0000000000ab"
     other = "00000000-0000-0000-0000-0000000000ac"
-    n = 2 * tr.ACK_PIECE + 37
+    n = 237
     ids = [
         r[0]
         for r in conn.execute(
@@ -626,10 +627,12 @@ def test_a_large_batch_is_acknowledged_whole_and_fenced_row_by_row(
             (me, n),
         ).fetchall()
     ]
-    stale = set(ids[5 :: 3 * tr.ACK_PIECE // 4])  # in every piece: acknowledged at attempt 1
+    stale = set(ids[5::75])  # acknowledged at attempt 1
     taken = ids[-1]
     conn.execute(f"UPDATE {schema}.tasks SET worker_id = %s WHERE id = %s", (other, taken))
+    twice = ids[100]
     done = [(i, 1 if i in stale else 2, json.dumps({"id": i})) for i in ids]
+    done.insert(50, (twice, 1, json.dumps({"stale": True})))  # before its own attempt
     acked = tr.complete_with_result(conn, schema, worker_id=me, done=done)
     assert acked == {i: "done" for i in ids if i not in stale and i != taken}
     ended = conn.execute(f"SELECT id, result FROM {schema}.tasks WHERE state = 'done'")
@@ -640,4 +643,5 @@ def test_a_large_batch_is_acknowledged_whole_and_fenced_row_by_row(
     ).fetchone()[0]
     assert left == len(stale) + 1
     plain = [(i, 2) for i in sorted(stale)]  # their right attempt now, without results
+    plain.insert(0, (max(stale), 1))  # and one of them once more, at its stale attempt first
     assert tr.complete(conn, schema, worker_id=me, done=plain) == {i: "done" for i in stale}
