@@ -77,6 +77,29 @@ def test_the_move_is_fenced_as_complete(conn: psycopg.Connection, schema: str) -
     assert _where(conn, schema, b) == ("in_progress", None)
 
 
+def test_a_large_batch_moves_in_pieces_each_row_with_its_own_result(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A batch larger than one acknowledging statement takes goes in pieces: every plain row
+    still ours moves with its own result, a row at a stale attempt anywhere in the batch stays
+    in progress, and a row the move leaves (a cancel request) ends in the task table."""
+    n = 2 * store.ACK_PIECE + 11
+    ids = _running(conn, schema, n)
+    stale = set(ids[7 :: store.ACK_PIECE // 2])
+    asked = ids[-2]
+    conn.execute(f"UPDATE {schema}.tasks SET cancel_requested_at = now() WHERE id = %s", (asked,))
+    done = [(i, 2 if i in stale else 1, json.dumps({"r": i})) for i in ids]
+    with conn.transaction():
+        kept = store.complete_with_result(conn, schema, worker_id=WORKER, done=done, move=True)
+    moved = [i for i in ids if i not in stale and i != asked]
+    assert kept == {**dict.fromkeys(moved, "done"), asked: "cancelled"}
+    results = dict(conn.execute(f"SELECT id, result FROM {schema}.task_history").fetchall())
+    assert results == {i: {"r": i} for i in moved}
+    for i in stale:
+        assert _where(conn, schema, i) == ("in_progress", None)
+    assert _where(conn, schema, asked) == ("cancelled", None)
+
+
 def test_rows_the_move_leaves_finish_in_the_task_table(
     conn: psycopg.Connection, schema: str
 ) -> None:

@@ -140,3 +140,35 @@ def test_steps_a_full_claim_left_behind_wake_the_other_workers(
     delays = sorted((r[1] - finished).total_seconds() for r in rows)
     assert delays[0] == 0.0  # claimed by the acknowledging transaction
     assert delays[1] < 1.5, delays  # woken, not left for the poll or the first one's end
+
+
+def test_a_step_twice_in_one_acknowledgement_releases_its_join_with_its_current_result(
+    recorded: str, conn: psycopg.Connection
+) -> None:
+    """A worker may hold two outcomes of one step when it acknowledges: one of an attempt that
+    was cancelled before it could be acknowledged, and one of the same step retried and claimed
+    again by this worker. The acknowledgement ends the step at its current attempt, with that
+    attempt's result, and releases the join waiting for it, whichever outcome comes first."""
+    schema = recorded
+    me = "00000000-0000-0000-0000-0000000000ab"
+    for stale_first in (True, False):
+        chord = worker.group([worker.step(fm.add, {"n": n}) for n in range(3)], then=fm.collect)
+        ids = worker.enqueue_workflow(conn, chord, schema=schema)
+        inputs = [ids[s] for s in chord.steps[:-1]]
+        join = ids[chord.steps[-1]]
+        conn.execute(
+            f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 2, worker_id = %s,"
+            " started_at = now(), lease_expires_at = now() + interval '1 hour'"
+            " WHERE id = ANY(%s)",
+            (me, inputs),
+        )
+        done = [(i, 2, str(n)) for n, i in enumerate(inputs)]
+        done.insert(0 if stale_first else 1, (inputs[0], 1, '"stale"'))
+        with conn.transaction():
+            acked, queues = worker.store.complete_steps(conn, schema, worker_id=me, done=done)
+        assert acked == dict.fromkeys(inputs, "done")
+        assert queues == ["default"]
+        state, got = conn.execute(
+            f"SELECT state::text, inputs FROM {schema}.tasks WHERE id = %s", (join,)
+        ).fetchone()
+        assert (state, got) == ("queued", [0, 1, 2])

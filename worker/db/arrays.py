@@ -12,7 +12,8 @@ from typing import Any
 # row); PostgreSQL keeps it until the table is next analysed, and with autovacuum off, never
 # replaces it: an acknowledgement of one row then read every row of the table (0.1 ms at 500
 # rows, growing). Planned for each execution (PostgreSQL then sees the batch and the table as
-# they are), they cost a plan each, once per batch.
+# they are), they cost a plan each, once per batch. The acknowledgements that end rows done join
+# nothing (see complete in store/acks.sql) and are prepared.
 PLAN_EACH: dict[str, Any] = {"prepare": False}
 
 

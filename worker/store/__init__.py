@@ -13,6 +13,7 @@ fences on (worker id, attempt) where a worker moves rows it holds.
 """
 
 from .acks import (
+    ACK_PIECE,
     ERROR_HISTORY,
     ERROR_HISTORY_CHARS,
     HISTORY,
@@ -60,6 +61,7 @@ from .operator import (
 from .recovery import purge, rescue, rotate_history, settle_missed, worker_died
 
 __all__ = [
+    "ACK_PIECE",
     "ERROR_HISTORY",
     "ERROR_HISTORY_CHARS",
     "HISTORY",

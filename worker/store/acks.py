@@ -1,14 +1,14 @@
 """Acknowledgements: a worker's finished tasks leave ``in_progress`` (``complete``, ``fail``,
 ``hand_back``, ``release``), fenced on (worker id, attempt), and the leases of running ones are
-renewed (``heartbeat``). Every function runs one statement for a whole batch; none is called per
-task on the hot path.
+renewed (``heartbeat``). Every function runs one statement for a whole batch (those that end
+rows done, one per piece of it: see ACK_PIECE); none is called per task on the hot path.
 
 Every statement is in ``acks.sql`` beside this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,15 @@ ERROR_HISTORY = 10
 ERROR_HISTORY_CHARS = 2000
 
 HISTORY = {"history": ERROR_HISTORY, "history_chars": ERROR_HISTORY_CHARS}
+
+# The statements that end rows done (complete, complete_delete, complete_move,
+# complete_with_result, complete_steps) are prepared, and find each row's attempt by its
+# position in the batch: a pass over the batch per row (see complete in acks.sql). Batches go
+# in pieces of at most this many rows, where the passes cost less than planning the statement
+# did; a workflow's steps excepted (see complete_steps). No piece holds one task twice: a
+# batch may hold the outcome of a cancelled attempt not yet acknowledged and the outcome of the
+# same task claimed again by this worker, and the position of the first would fence the second.
+ACK_PIECE = 100
 
 
 @dataclass(slots=True)
@@ -56,6 +65,8 @@ def complete(
     as done)."""
     if not done:
         return {}
+    if _split(done):
+        return _in_pieces(complete, conn, schema, worker_id, done, delete=delete, move=move)
     ids, attempts = zip(*done, strict=True)
     params: dict[str, str | None] = {
         "ids": int_array(ids),
@@ -63,12 +74,12 @@ def complete(
         "worker_id": worker_id,
     }
     if not delete and not move:
-        return dict(conn.execute(statements(schema)["complete"], params, **PLAN_EACH).fetchall())
+        return dict(conn.execute(statements(schema)["complete"], params).fetchall())
     if delete:
-        gone = conn.execute(statements(schema)["complete_delete"], params, **PLAN_EACH).fetchall()
+        gone = conn.execute(statements(schema)["complete_delete"], params).fetchall()
     else:
         params["results"] = None  # nothing to store: each row keeps its own (see complete_move)
-        gone = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
+        gone = conn.execute(statements(schema)["complete_move"], params).fetchall()
     kept = {r[0]: "done" for r in gone}
     if len(kept) < len(ids):
         # Cron rows are kept (their slot must stay taken), and so are rows with a cancel request
@@ -191,16 +202,18 @@ def complete_with_result(
     result. Returns {id: "done" | "cancelled"} for the rows that were still ours."""
     if not done:
         return {}
+    if _split(done):
+        return _in_pieces(complete_with_result, conn, schema, worker_id, done, move=move)
     params = _with_results(done, worker_id)
     kept: dict[int, str] = {}
     if move:
-        moved = conn.execute(statements(schema)["complete_move"], params, **PLAN_EACH).fetchall()
+        moved = conn.execute(statements(schema)["complete_move"], params).fetchall()
         kept = {r[0]: "done" for r in moved}
         if len(kept) == len(done):
             return kept
         rest = [row for row in done if row[0] not in kept]
         return kept | complete_with_result(conn, schema, worker_id=worker_id, done=rest)
-    rows = conn.execute(statements(schema)["complete_with_result"], params, **PLAN_EACH).fetchall()
+    rows = conn.execute(statements(schema)["complete_with_result"], params).fetchall()
     return {r[0]: r[1] for r in rows}
 
 
@@ -230,8 +243,16 @@ def complete_steps(
     runnable); those in ``quiet`` are not woken (see settle_steps)."""
     if not done:
         return {}, []
+    # One statement whatever the batch's size, not pieces of ACK_PIECE rows: the settlement
+    # locks the dependents in id order within a statement, and two workers whose pieces locked
+    # the joins of a fan-in in different orders would deadlock. A batch that holds a step twice
+    # (see ACK_PIECE) is acknowledged in pieces that lock only the steps' own rows, and its
+    # dependents are settled after, in one statement.
+    if _repeats(done):
+        kept = complete_with_result(conn, schema, worker_id=worker_id, done=done)
+        return kept, settle_steps(conn, schema, sorted(kept), quiet=quiet)
     params = {**_with_results(done, worker_id), "quiet": text_array(quiet)}
-    rows = conn.execute(statements(schema)["complete_steps"], params, **PLAN_EACH).fetchall()
+    rows = conn.execute(statements(schema)["complete_steps"], params).fetchall()
     return {r[0]: r[1] for r in rows}, list(rows[0][3] or []) if rows else []
 
 
@@ -261,6 +282,43 @@ def notify_done(conn: psycopg.Connection, schema: str, *, channel: str, ids: Ite
     in acks.sql). Delivered when the caller's transaction commits."""
     for payload in _pieces([str(int(i)) for i in ids]):
         conn.execute(statements(schema)["notify_done"], {"channel": channel, "ids": payload})
+
+
+def _in_pieces(
+    ack: Callable[..., dict[int, str]],
+    conn: psycopg.Connection,
+    schema: str,
+    worker_id: str,
+    done: Sequence[Any],
+    **options: bool,
+) -> dict[int, str]:
+    """``ack`` over the batch in pieces of at most ACK_PIECE rows, none holding a task twice,
+    its answers merged. A task's first outcome in the batch goes in the first pieces, its second
+    in the pieces after them, and so on; at most one of them is at the row's attempt."""
+    layers: list[list[Any]] = []
+    seen: dict[int, int] = {}
+    for row in done:
+        n = seen.get(row[0], 0)
+        seen[row[0]] = n + 1
+        if n == len(layers):
+            layers.append([])
+        layers[n].append(row)
+    kept: dict[int, str] = {}
+    for layer in layers:
+        for i in range(0, len(layer), ACK_PIECE):
+            piece = layer[i : i + ACK_PIECE]
+            kept |= ack(conn, schema, worker_id=worker_id, done=piece, **options)
+    return kept
+
+
+def _repeats(done: Sequence[Any]) -> bool:
+    """Whether the batch holds a task twice."""
+    return len({row[0] for row in done}) < len(done)
+
+
+def _split(done: Sequence[Any]) -> bool:
+    """Whether the batch goes in pieces (see ACK_PIECE)."""
+    return len(done) > ACK_PIECE or _repeats(done)
 
 
 def _pieces(ids: list[str]) -> list[str]:

@@ -14,14 +14,14 @@ WITH acked AS (
        SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
                         ELSE 'cancelled' END,
            finished_at = now(), lease_expires_at = NULL,
-           result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END,
+           result = CASE WHEN t.cancel_requested_at IS NULL
+                         THEN ((%(results)s::text[])[array_position(%(ids)s::bigint[], t.id)])::jsonb
+                    END,
            -- A workflow step others wait for is settled in this transaction (settle_steps,
            -- right after): marked so here, in this row version, not in another one.
            dependents = CASE WHEN t.dependents THEN false ELSE t.dependents END
-      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
-           AS a(id, attempt, result)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- the batch's rows by primary key (see complete)
+       AND t.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], t.id)]
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
     RETURNING t.id, t.state::text AS state
@@ -41,12 +41,12 @@ WITH acked AS (
        SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
                         ELSE 'cancelled' END,
            finished_at = now(), lease_expires_at = NULL,
-           result = CASE WHEN t.cancel_requested_at IS NULL THEN a.result::jsonb END,
+           result = CASE WHEN t.cancel_requested_at IS NULL
+                         THEN ((%(results)s::text[])[array_position(%(ids)s::bigint[], t.id)])::jsonb
+                    END,
            dependents = false  -- settled below, in this statement
-      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
-           AS a(id, attempt, result)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- the batch's rows by primary key (see complete)
+       AND t.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], t.id)]
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
     RETURNING t.id, t.state::text AS state, t.result, t.task
@@ -80,20 +80,27 @@ SELECT pg_notify(%(channel)s, %(ids)s);
 -- the same by the tasks_lease_iff_running constraint). Written as state = 'in_progress', the
 -- planner may scan the whole partial lease index, dead entries and all, instead of fetching the
 -- batch by primary key; that made acknowledgements the slowest step of the worker.
--- The batch drives the join: for each (id, attempt) the planner looks the row up by primary key.
--- (An extra `t.id = ANY(ids)` condition made it fetch the rows first and then compare each with
--- every element of the batch, a nested loop of batch x batch: 3 ms instead of 0.8 for 100 rows,
--- and the worker's largest cost in the database beyond the bare-SQL ceiling's.) The worker's
--- connections rule sequential scans out (session_index_plans), so a plan cached while the table
--- was small cannot turn this into a scan of the table.
+-- The batch's rows are fetched by `t.id = ANY(ids)` on the primary key, the only condition an
+-- index can serve, and each row's attempt is read from the batch by its position there: the
+-- statement joins nothing, so every plan PostgreSQL may choose for it, the generic one it caches
+-- included, reads the batch's rows and no others, whatever the table held when the plan was
+-- made. It is prepared (planned once per connection, not once per batch: parsing and planning
+-- were a third of a one-row acknowledgement). Written as a join of the table with unnest(ids,
+-- attempts), a generic plan cached while the table was small read the whole primary key for
+-- each acknowledgement once it was large. Finding a position costs a pass over the batch, so a
+-- batch is acknowledged in pieces of at most ACK_PIECE rows (store/acks.py): at 100 rows the
+-- two forms cost the same, at 300 the passes cost more than the plan. (complete_steps takes its
+-- batch whole: see complete_steps in store/acks.py.) The position found is the id's first, so
+-- no batch given to these statements holds a task twice: one outcome of a cancelled attempt and
+-- one of the same task claimed again by the same worker go in different pieces (store/acks.py),
+-- or the stale attempt's position would fence out the current one.
 WITH acked AS (
     UPDATE {schema}.tasks AS t
        SET state = CASE WHEN t.cancel_requested_at IS NULL THEN 'done'::{schema}.task_state
                         ELSE 'cancelled' END,
            finished_at = now(), lease_expires_at = NULL
-      FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- the batch's rows by primary key (see above)
+       AND t.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], t.id)]
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
     RETURNING t.id, t.state::text AS state
@@ -108,9 +115,8 @@ SELECT id, state FROM acked;
 -- that others wait for (settle_steps reads their outcome and result from the row).
 WITH acked AS (
     DELETE FROM {schema}.tasks AS t
-     USING unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- the batch's rows by primary key (see complete)
+       AND t.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], t.id)]
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
        AND t.cron_key IS NULL
@@ -134,17 +140,15 @@ SELECT id FROM acked;
 -- them; NULL for rows whose handler stored none (the row keeps its own, as `complete` does).
 WITH gone AS (
     DELETE FROM {schema}.tasks AS t
-     USING unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(results)s::text[])
-           AS a(id, attempt, result)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
-       AND t.attempts = a.attempt
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- the batch's rows by primary key (see complete)
+       AND t.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], t.id)]
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
        AND t.cron_key IS NULL
        AND t.cancel_requested_at IS NULL
        AND t.workflow_id IS NULL
        AND t.dependents IS NOT TRUE
-    RETURNING t.*, a.result AS stored
+    RETURNING t.*, (%(results)s::text[])[array_position(%(ids)s::bigint[], t.id)] AS stored
 ), moved AS (
     INSERT INTO {schema}.task_history (id, queue, task, payload, priority, run_at, attempts, max_attempts,
                                        last_error, dedupe_key, cron_key, cron_at, worker_id,
