@@ -645,3 +645,84 @@ def test_a_large_batch_is_acknowledged_whole_and_fenced_row_by_row(
     plain = [(i, 2) for i in sorted(stale)]  # their right attempt now, without results
     plain.insert(0, (max(stale), 1))  # and one of them once more, at its stale attempt first
     assert tr.complete(conn, schema, worker_id=me, done=plain) == {i: "done" for i in stale}
+
+
+def test_a_rescue_walks_dead_lease_entries_before_it_holds_up_the_worker(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """A rescue runs in the worker's counted transaction, and the worker's claims and
+    acknowledgements wait for that one. Under a long transaction elsewhere, the lease index keeps
+    an entry for every task finished since it began; the rescue looks for leases that ran out
+    first, holding nothing, and enters that transaction only when it found one, to read from
+    there: here it reads a handful of entries, not the 3,000 dead ones before the one to take."""
+    me = "00000000-0000-0000-0000-0000000000ab"
+    entered: list[int] = []
+
+    def lease_entries_read(c: psycopg.Connection) -> int:
+        # This session's count, pending since its last report (reports wait for the end of a
+        # transaction): the difference across the transaction is what it read.
+        return int(
+            c.execute(
+                "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)",
+                (f"{schema}.tasks_lease_idx",),
+            ).fetchone()[0]
+        )
+
+    @contextlib.contextmanager
+    def counted(c: psycopg.Connection) -> Any:
+        with c.transaction():
+            before = lease_entries_read(c)
+            yield
+            entered.append(lease_entries_read(c) - before)
+
+    def maintenance() -> Maintenance:
+        config = MaintenanceConfig(
+            rescue_seconds=3600,
+            purge_seconds=3600,
+            keep_done_seconds=3600,
+            keep_failed_seconds=3600,
+            cron_keep_seconds=3600,
+        )
+        return Maintenance(
+            pg_dsn,
+            every_statement(schema),
+            config,
+            counted=counted,
+            on_rescued=lambda rows: None,
+            on_cron=lambda n: None,
+            cron=None,
+        )
+
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute("SELECT txid_current()")  # held open: vacuum keeps every dead entry
+        conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+            " lease_expires_at) SELECT 't', 'q', 'in_progress', 1, %s, now() - interval '2 hours',"
+            " now() - interval '1 hour' + g * interval '1 ms' FROM generate_series(1, 3000) AS g",
+            (me,),
+        )
+        conn.execute(
+            f"UPDATE {schema}.tasks SET state = 'done', finished_at = now(),"
+            " lease_expires_at = NULL WHERE state = 'in_progress'"
+        )
+        first = maintenance()
+        try:
+            assert first.rescue() == 0
+        finally:
+            first.stop()
+        assert entered == []  # nothing ran out: the worker was never held up
+        lapsed = conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+            " lease_expires_at) VALUES ('t', 'q', 'in_progress', 1, %s, now() - interval '1 hour',"
+            " now() - interval '1 minute') RETURNING id",
+            (me,),
+        ).fetchone()[0]
+        second = maintenance()  # its first pass is a full one, from the oldest lease
+        try:
+            assert second.rescue() == 1
+        finally:
+            second.stop()
+        holder.rollback()
+    assert len(entered) == 1 and entered[0] < 50, entered
+    row = conn.execute(f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (lapsed,))
+    assert row.fetchone()[0] == "queued"

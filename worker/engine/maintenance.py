@@ -188,14 +188,20 @@ class Maintenance:
         (by the database clock): a lease that ran out before then was there for that pass to
         see. A full pass, from the oldest lease, runs first and then now and then (spaced by its
         own cost, like the probe), for rows a pass skipped because their owner held them locked
-        at that instant and then kept them."""
+        at that instant and then kept them.
+
+        It looks first (store.first_expired), holding nothing, and rescues from the first lease
+        found, if any, in the worker's counted transaction: the worker's claims and
+        acknowledgements wait for that one, so the walk over dead index entries (millions while a
+        long transaction elsewhere holds vacuum back) is made before it, not during it."""
         total = 0
         conn = self._conn.get()
         began = time.monotonic()
         full = began >= self._full_rescue_at
         started = conn.execute(self.q["db_now"]).fetchone()[0]
         since = None if full else self._rescue_floor
-        while True:
+        since = store.first_expired(conn, self.q.schema, since=since)
+        while since is not None:
             with self._counted(conn):
                 rows = store.rescue(
                     conn, self.q.schema, limit=self.config.rescue_batch, since=since

@@ -58,7 +58,7 @@ from .operator import (
     delete_tasks,
     requeue,
 )
-from .recovery import purge, rescue, rotate_history, settle_missed, worker_died
+from .recovery import first_expired, purge, rescue, rotate_history, settle_missed, worker_died
 
 __all__ = [
     "ACK_PIECE",
@@ -91,6 +91,7 @@ __all__ = [
     "due_queues",
     "explain_claim",
     "fail",
+    "first_expired",
     "hand_back",
     "heartbeat",
     "insert",

@@ -24,6 +24,15 @@ def worker_died(
     return [tuple(r) for r in rows]  # type: ignore[misc]
 
 
+def first_expired(
+    conn: psycopg.Connection, schema: str, *, since: datetime | None
+) -> datetime | None:
+    """The earliest lease that ran out at ``since`` or later (None: all) among rows still in
+    progress, or None when no lease ran out: a rescue from there takes them all. Holds no lock."""
+    row = conn.execute(statements(schema)["first_expired"], {"since": since}).fetchone()
+    return row[0] if row else None
+
+
 def rescue(
     conn: psycopg.Connection, schema: str, *, limit: int = 1000, since: datetime | None = None
 ) -> list[tuple[int, str, str, str]]:

@@ -44,6 +44,21 @@ WITH acked AS (
 )
 SELECT id, queue, task, state FROM acked;
 
+-- name: first_expired
+-- The lease that ran out first among the rows a rescue from %(since)s (NULL: no bound) would
+-- take, or no row when there is none: the maintenance thread looks with this before it takes the
+-- worker's counted transaction for a rescue, and starts the rescue at the lease found. The walk
+-- over the lease index's dead entries (a long transaction elsewhere leaves them by the million)
+-- is made here, holding nothing, and not in the rescue, during which the worker's own claims and
+-- acknowledgements wait for the hooks (see Maintenance.rescue).
+SELECT lease_expires_at
+  FROM {schema}.tasks
+ WHERE state = 'in_progress'
+   AND lease_expires_at < now()
+   AND lease_expires_at >= coalesce(%(since)s::timestamptz, '-infinity')
+ ORDER BY lease_expires_at
+ LIMIT 1;
+
 -- name: rescue
 -- Any worker runs this now and then; no leader is needed. Rows whose lease ran out (their worker
 -- died, hung or lost its connection) become claimable again, or failed when out of attempts; the
