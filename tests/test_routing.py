@@ -5,6 +5,7 @@ keeps a churning table small between autovacuum's rounds."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -123,6 +124,47 @@ def _dead_rows(conn: psycopg.Connection, schema: str) -> int:
         (f"{schema}.tasks",),
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+def test_the_vacuum_is_paced_and_the_pace_ends_with_it(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """The maintenance vacuum sleeps as autovacuum does (vacuum_cost_delay), so that the vacuum
+    after a long transaction does not write its WAL faster than the workers' commits can get
+    theirs through. Seen from another session: the vacuum waits on VacuumDelay; and the
+    maintenance session's later statements run unpaced."""
+    q = every_statement(schema)
+    paced = VacuumConfig(min_dead=1000, min_gap_seconds=0, cost_delay_ms=20, cost_limit=1)
+    vac = Vacuumer(q, schema, paced)
+    worker.enqueue_many(conn, "t", ({"n": i} for i in range(3000)), schema=schema)
+    conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
+    wait_until(lambda: _dead_rows(conn, schema) >= 2000, timeout=10)
+    waits: set[str] = set()
+    with psycopg.connect(pg_dsn, autocommit=True) as own:
+        pid = own.info.backend_pid
+        done = threading.Event()
+
+        def vacuum() -> None:
+            try:
+                vac.tick(own, 10_000)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=vacuum)
+        thread.start()
+        while not done.is_set():
+            row = conn.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s AND state = 'active'"
+                " AND query LIKE 'VACUUM%%'",
+                (pid,),
+            ).fetchone()
+            if row and row[0]:
+                waits.add(row[0])
+            time.sleep(0.005)
+        thread.join()
+        assert own.execute("SHOW vacuum_cost_delay").fetchone()[0] == "0"
+    assert "VacuumDelay" in waits, waits
+    assert _dead_rows(conn, schema) < 1000
 
 
 def test_a_vacuum_left_to_another_one_running_is_no_sign_of_a_held_horizon(
