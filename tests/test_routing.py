@@ -126,22 +126,26 @@ def _dead_rows(conn: psycopg.Connection, schema: str) -> int:
     return int(row[0]) if row else 0
 
 
-def test_the_vacuum_is_paced_and_the_pace_ends_with_it(
+def test_the_vacuum_after_a_held_horizon_is_paced_and_the_pace_ends_with_it(
     pg_dsn: str, conn: psycopg.Connection, schema: str
 ) -> None:
-    """The maintenance vacuum sleeps as autovacuum does (vacuum_cost_delay), so that the vacuum
-    after a long transaction does not write its WAL faster than the workers' commits can get
-    theirs through. Seen from another session: the vacuum waits on VacuumDelay; and the
-    maintenance session's later statements run unpaced."""
+    """The vacuum that follows a long transaction removes every row it kept, at once: it sleeps
+    as autovacuum does (vacuum_cost_delay), so that its WAL does not hold the workers' commits
+    up. Seen from another session: that vacuum waits on VacuumDelay, the usual one does not,
+    and the maintenance session's later statements run unpaced."""
     q = every_statement(schema)
-    paced = VacuumConfig(min_dead=1000, min_gap_seconds=0, cost_delay_ms=20, cost_limit=1)
+    paced = VacuumConfig(
+        min_dead=1000, min_gap_seconds=0, cost_delay_ms=5, cost_limit=20, max_backoff_seconds=0
+    )
     vac = Vacuumer(q, schema, paced)
-    worker.enqueue_many(conn, "t", ({"n": i} for i in range(3000)), schema=schema)
-    conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
-    wait_until(lambda: _dead_rows(conn, schema) >= 2000, timeout=10)
-    waits: set[str] = set()
-    with psycopg.connect(pg_dsn, autocommit=True) as own:
-        pid = own.info.backend_pid
+
+    def churn() -> None:
+        worker.enqueue_many(conn, "t", ({"n": i} for i in range(3000)), schema=schema)
+        conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
+        wait_until(lambda: _dead_rows(conn, schema) >= 2000, timeout=10)
+
+    def waits_of_a_tick(own: psycopg.Connection) -> set[str]:
+        seen: set[str] = set()
         done = threading.Event()
 
         def vacuum() -> None:
@@ -156,14 +160,25 @@ def test_the_vacuum_is_paced_and_the_pace_ends_with_it(
             row = conn.execute(
                 "SELECT wait_event FROM pg_stat_activity WHERE pid = %s AND state = 'active'"
                 " AND query LIKE 'VACUUM%%'",
-                (pid,),
+                (own.info.backend_pid,),
             ).fetchone()
             if row and row[0]:
-                waits.add(row[0])
-            time.sleep(0.005)
+                seen.add(row[0])
+            time.sleep(0.002)
         thread.join()
+        return seen
+
+    with psycopg.connect(pg_dsn, autocommit=True) as own:
+        churn()
+        assert "VacuumDelay" not in waits_of_a_tick(own)  # the usual vacuum: unpaced
+        assert _dead_rows(conn, schema) < 1000
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute("SELECT txid_current()")  # held open: the next vacuum removes nothing
+            churn()
+            assert "VacuumDelay" not in waits_of_a_tick(own)
+            holder.rollback()
+        assert "VacuumDelay" in waits_of_a_tick(own)  # the rows the transaction kept
         assert own.execute("SHOW vacuum_cost_delay").fetchone()[0] == "0"
-    assert "VacuumDelay" in waits, waits
     assert _dead_rows(conn, schema) < 1000
 
 
