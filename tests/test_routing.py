@@ -5,7 +5,6 @@ keeps a churning table small between autovacuum's rounds."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -124,62 +123,6 @@ def _dead_rows(conn: psycopg.Connection, schema: str) -> int:
         (f"{schema}.tasks",),
     ).fetchone()
     return int(row[0]) if row else 0
-
-
-def test_the_vacuum_after_a_held_horizon_is_paced_and_the_pace_ends_with_it(
-    pg_dsn: str, conn: psycopg.Connection, schema: str
-) -> None:
-    """The vacuum that follows a long transaction removes every row it kept, at once: it sleeps
-    as autovacuum does (vacuum_cost_delay), so that its WAL does not hold the workers' commits
-    up. Seen from another session: that vacuum waits on VacuumDelay, the usual one does not,
-    and the maintenance session's later statements run unpaced."""
-    q = every_statement(schema)
-    paced = VacuumConfig(
-        min_dead=1000, min_gap_seconds=0, cost_delay_ms=5, cost_limit=20, max_backoff_seconds=0
-    )
-    vac = Vacuumer(q, schema, paced)
-
-    def churn() -> None:
-        worker.enqueue_many(conn, "t", ({"n": i} for i in range(3000)), schema=schema)
-        conn.execute(f"UPDATE {schema}.tasks SET state = 'done', finished_at = now()")
-        wait_until(lambda: _dead_rows(conn, schema) >= 2000, timeout=10)
-
-    def waits_of_a_tick(own: psycopg.Connection) -> set[str]:
-        seen: set[str] = set()
-        done = threading.Event()
-
-        def vacuum() -> None:
-            try:
-                vac.tick(own, 10_000)
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=vacuum)
-        thread.start()
-        while not done.is_set():
-            row = conn.execute(
-                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s AND state = 'active'"
-                " AND query LIKE 'VACUUM%%'",
-                (own.info.backend_pid,),
-            ).fetchone()
-            if row and row[0]:
-                seen.add(row[0])
-            time.sleep(0.002)
-        thread.join()
-        return seen
-
-    with psycopg.connect(pg_dsn, autocommit=True) as own:
-        churn()
-        assert "VacuumDelay" not in waits_of_a_tick(own)  # the usual vacuum: unpaced
-        assert _dead_rows(conn, schema) < 1000
-        with psycopg.connect(pg_dsn) as holder:
-            holder.execute("SELECT txid_current()")  # held open: the next vacuum removes nothing
-            churn()
-            assert "VacuumDelay" not in waits_of_a_tick(own)
-            holder.rollback()
-        assert "VacuumDelay" in waits_of_a_tick(own)  # the rows the transaction kept
-        assert own.execute("SHOW vacuum_cost_delay").fetchone()[0] == "0"
-    assert _dead_rows(conn, schema) < 1000
 
 
 def test_a_vacuum_left_to_another_one_running_is_no_sign_of_a_held_horizon(

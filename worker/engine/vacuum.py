@@ -40,13 +40,6 @@ class VacuumConfig:
     min_dead_permits: int = 5_000  # the same for the permits of concurrency limits
     min_gap_seconds: float = 10.0  # since the last vacuum, by anyone
     timeout_ms: int = 300_000  # a vacuum may take this long (maintenance statements: 10 s)
-    # The first vacuum after one that a held horizon made fruitless is paced (vacuum_pace in
-    # vacuum.sql): it sleeps cost_delay_ms after each cost_limit units of work. Unpaced, it
-    # removed the millions of rows the long transaction had kept and wrote their WAL so fast
-    # that every commit of the workers and producers waited on it for seconds. The others, a
-    # few hundred thousand rows each, run unpaced: paced, they left twice the dead rows behind.
-    cost_delay_ms: float = 2.0
-    cost_limit: int = 500
     max_backoff_seconds: float = 600.0
 
 
@@ -100,7 +93,6 @@ class Vacuumer:
         if not got or not got[0]:
             return 0
         skipped: list[str] = []
-        paced = self._stuck_at is not None  # the horizon moved on: the rows it kept go now
 
         def on_notice(diag: psycopg.errors.Diagnostic) -> None:
             if diag.sqlstate == LOCK_NOT_AVAILABLE:  # "skipping vacuum of ...": it was busy
@@ -109,16 +101,11 @@ class Vacuumer:
         conn.add_notice_handler(on_notice)
         try:
             conn.execute(self.q["session_statement_timeout"], {"ms": str(cfg.timeout_ms)})
-            if paced:
-                pace = {"delay_ms": str(cfg.cost_delay_ms), "limit": str(cfg.cost_limit)}
-                conn.execute(self.q["vacuum_pace"], pace)
             started = time.monotonic()
             conn.execute(self.q["vacuum_tasks"], prepare=False)
             took = time.monotonic() - started
         finally:
             conn.remove_notice_handler(on_notice)
-            if paced:
-                conn.execute(self.q["vacuum_pace"], {"delay_ms": "0", "limit": "200"})
             conn.execute(self.q["session_statement_timeout"], {"ms": str(restore_timeout_ms)})
             conn.execute(self.q["vacuum_unlock"], lock)
         if skipped:

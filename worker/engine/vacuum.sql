@@ -49,11 +49,3 @@ VACUUM (SKIP_LOCKED) {schema}.tasks;
 -- The permits of concurrency limits (schema/0020): a small table every limited claim updates,
 -- whose dead versions a claim would otherwise walk until autovacuum's next visit.
 VACUUM (SKIP_LOCKED) {schema}.limit_permits;
-
--- name: vacuum_pace
--- The pace of this session's vacuums, as autovacuum paces its own: after %(limit)s units of work
--- (a page read, a page dirtied) it sleeps %(delay_ms)s ms. A delay of '0' (a manual vacuum's
--- default) lifts the pace. Paced, the vacuum that follows a long transaction (millions of dead
--- rows, gigabytes of WAL) spreads its writes instead of holding every commit up behind them.
-SELECT set_config('vacuum_cost_delay', %(delay_ms)s, false),
-       set_config('vacuum_cost_limit', %(limit)s, false);
