@@ -1493,6 +1493,8 @@ BEGIN
                      FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
           FROM counted AS c
          WHERE t.id = c.id
+           -- The rows by primary key, whatever the planner believes the table holds.
+           AND t.id = ANY(ARRAY(SELECT f.id FROM free AS f))
         RETURNING t.state, t.queue, t.run_at
     )
     SELECT count(*) FILTER (WHERE m.state = 'queued')::integer,

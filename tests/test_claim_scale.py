@@ -726,3 +726,108 @@ def test_a_rescue_walks_dead_lease_entries_before_it_holds_up_the_worker(
     assert len(entered) == 1 and entered[0] < 50, entered
     row = conn.execute(f"SELECT state::text FROM {schema}.tasks WHERE id = %s", (lapsed,))
     assert row.fetchone()[0] == "queued"
+
+
+def test_a_heartbeat_reads_only_its_rows_whatever_the_statistics_say(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """The heartbeat renews a worker's leases on a connection of its own, planned per beat from
+    the table's statistics. Analysed while the table was empty (autovacuum off, or before its
+    first visit), a join of the table with the beat's ids read the whole primary key index for
+    each beat: under a long transaction elsewhere, past the statement timeout, and the leases
+    went unrenewed. It reads its own rows by primary key, whatever the table holds."""
+    _statistics_of_an_empty_table(conn, schema)
+    me = "00000000-0000-0000-0000-0000000000ad"
+    mine = [
+        r[0]
+        for r in conn.execute(
+            f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+            " lease_expires_at) SELECT 't', 'q', 'in_progress', 1, %s, now(),"
+            " now() + interval '1 minute' FROM generate_series(1, 3) RETURNING id",
+            (me,),
+        ).fetchall()
+    ]
+    with factory.connect(pg_dsn, factory.LEASE) as w, w.transaction():
+        before = _key_entries_read(w, schema)
+        beat = tr.heartbeat(
+            w, schema, worker_id=me, tasks=[(i, 1) for i in mine], lease_seconds=3600
+        )
+        read = _key_entries_read(w, schema) - before
+    assert beat.lost == set() and beat.cancel == set()
+    assert read < 100, f"{read} primary key entries read to renew 3 leases"
+    renewed = conn.execute(
+        f"SELECT count(*) FROM {schema}.tasks WHERE id = ANY(%s)"
+        " AND lease_expires_at > now() + interval '50 minutes'",
+        (mine,),
+    ).fetchone()[0]
+    assert renewed == 3
+
+
+def test_the_sweep_of_workflow_steps_reads_no_row_whatever_the_statistics_say(
+    pg_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    """The sweep that settles workflow steps (settle_missed) runs after every rescue pass on
+    every worker. Planned from statistics that said the table was nearly empty, its update of
+    the waiting steps it frees read the whole primary key index each time, with no step to
+    free: under a long transaction elsewhere, 1.7 s every few seconds."""
+    _statistics_of_an_empty_table(conn, schema)
+    with factory.connect(pg_dsn, factory.MAINTENANCE) as w, w.transaction():
+        before = _key_entries_read(w, schema)
+        assert tr.settle_missed(w, schema, limit=1000) == 0
+        read = _key_entries_read(w, schema) - before
+    assert read < 100, f"{read} primary key entries read to find nothing to settle"
+
+
+def _statistics_of_an_empty_table(conn: psycopg.Connection, schema: str) -> None:
+    """The statistics a vacuum of a busy queue may leave (one live row in hundreds of pages: the
+    planner then believes the table holds next to nothing, however much it grows), and then
+    30,000 rows in progress, of other workers."""
+    conn.execute(f"ALTER TABLE {schema}.tasks SET (autovacuum_enabled = false)")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, finished_at)"
+        " SELECT 't', 'q', 'done', now() FROM generate_series(1, 30000)"
+    )
+    conn.execute(f"DELETE FROM {schema}.tasks WHERE id <> (SELECT max(id) FROM {schema}.tasks)")
+    conn.execute(f"VACUUM {schema}.tasks")
+    conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+        " lease_expires_at) SELECT 't', 'q', 'in_progress', 1, gen_random_uuid(), now(),"
+        " now() + interval '1 hour' FROM generate_series(1, 30000)"
+    )
+
+
+def _key_entries_read(w: psycopg.Connection, schema: str) -> int:
+    """Entries of the task table's primary key this session read, pending since its last report
+    (reports wait for the end of a transaction: a difference within one is what it read)."""
+    row = w.execute(
+        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)", (f"{schema}.tasks_pkey",)
+    ).fetchone()
+    return int(row[0])
+
+
+@pytest.mark.parametrize("outcome", ["fail", "hand_back", "release"])
+def test_the_other_outcomes_read_only_their_rows_whatever_the_statistics_say(
+    pg_dsn: str, conn: psycopg.Connection, schema: str, outcome: str
+) -> None:
+    """A failure, a hand-back and a release are planned per batch from the table's statistics,
+    like the heartbeat: they read their rows by primary key whatever those say."""
+    _statistics_of_an_empty_table(conn, schema)
+    me = "00000000-0000-0000-0000-0000000000ae"
+    [mine] = conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+        " lease_expires_at) VALUES ('t', 'q', 'in_progress', 1, %s, now(),"
+        " now() + interval '1 minute') RETURNING id",
+        (me,),
+    ).fetchone()
+    with factory.connect(pg_dsn, factory.CLAIM) as w, w.transaction():
+        before = _key_entries_read(w, schema)
+        if outcome == "fail":
+            failure = tr.Failure(mine, 1, 0.0, "boom", permanent=False)
+            states = tr.fail(w, schema, worker_id=me, failures=[failure])
+        elif outcome == "hand_back":
+            states = tr.hand_back(w, schema, worker_id=me, rows=[(mine, 1, "no handler")])
+        else:
+            states = tr.release(w, schema, worker_id=me, tasks=[(mine, 1)])
+        read = _key_entries_read(w, schema) - before
+    assert mine in states
+    assert read < 100, f"{read} primary key entries read for one {outcome}"

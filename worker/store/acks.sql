@@ -198,7 +198,8 @@ WITH acked AS (
       FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[],
                   %(errors)s::text[], %(permanent)s::boolean[], %(max_attempts)s::integer[])
            AS a(id, attempt, delay, error, permanent, max_attempts)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+     WHERE t.id = a.id
+       AND t.id = ANY(%(ids)s::bigint[])  -- by primary key in every plan (see heartbeat)
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
@@ -232,7 +233,8 @@ WITH acked AS (
            started_at = NULL, lease_expires_at = NULL
       FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[])
            AS a(id, attempt, error)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+     WHERE t.id = a.id
+       AND t.id = ANY(%(ids)s::bigint[])  -- by primary key in every plan (see heartbeat)
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
@@ -257,7 +259,8 @@ WITH acked AS (
            finished_at = CASE WHEN t.cancel_requested_at IS NOT NULL THEN now() END,
            lease_expires_at = NULL
       FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
-     WHERE t.id = a.id  -- one primary-key look-up per acknowledged row (see complete)
+     WHERE t.id = a.id
+       AND t.id = ANY(%(ids)s::bigint[])  -- by primary key in every plan (see heartbeat)
        AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
@@ -277,6 +280,11 @@ SELECT id, state FROM acked;
 -- A rescue that found this worker silent marked its row stopped at its last heartbeat
 -- (stopped_at = heartbeat_at, see rescue in recovery.sql): a heartbeat means it lives, and clears
 -- that mark. A stop of its own (unregister) is never equal to a heartbeat and stays.
+-- Every read of the tasks names its rows with `id = ANY(ids)`, which the primary key answers
+-- directly: joined by `t.id = a.id` alone, a plan made while the table's statistics said it was
+-- nearly empty (autovacuum off, or before its first analyse) read the whole primary key index
+-- for each heartbeat, and under a long transaction elsewhere that took past the statement
+-- timeout: leases were not renewed.
 WITH me AS (
     UPDATE {schema}.workers
        SET heartbeat_at = now(), in_flight = cardinality(%(ids)s::bigint[]),
@@ -286,7 +294,8 @@ WITH me AS (
     SELECT t.id
       FROM {schema}.tasks AS t
       JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt) ON t.id = a.id
-     WHERE t.attempts = a.attempt  -- one primary-key look-up per row (see complete)
+     WHERE t.id = ANY(%(ids)s::bigint[])  -- by primary key in every plan (see below)
+       AND t.attempts = a.attempt
        AND t.worker_id = %(worker_id)s
        AND t.lease_expires_at IS NOT NULL  -- in progress (see complete)
        FOR UPDATE OF t SKIP LOCKED
@@ -299,7 +308,7 @@ WITH me AS (
 SELECT a.id, a.attempt, false AS cancel
   FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a(id, attempt)
   -- A row this worker just completed may have moved to the history (schema/0025): done by us.
-  LEFT JOIN {schema}.task_rows AS t ON t.id = a.id
+  LEFT JOIN {schema}.task_rows AS t ON t.id = a.id AND t.id = ANY(%(ids)s::bigint[])
  WHERE a.id NOT IN (SELECT id FROM renewed)
    AND NOT coalesce(t.worker_id = %(worker_id)s AND t.attempts = a.attempt
                     AND (t.lease_expires_at IS NOT NULL OR t.state = 'done'), false)
