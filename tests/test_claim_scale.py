@@ -738,15 +738,7 @@ def test_a_heartbeat_reads_only_its_rows_whatever_the_statistics_say(
     went unrenewed. It reads its own rows by primary key, whatever the table holds."""
     _statistics_of_an_empty_table(conn, schema)
     me = "00000000-0000-0000-0000-0000000000ad"
-    mine = [
-        r[0]
-        for r in conn.execute(
-            f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
-            " lease_expires_at) SELECT 't', 'q', 'in_progress', 1, %s, now(),"
-            " now() + interval '1 minute' FROM generate_series(1, 3) RETURNING id",
-            (me,),
-        ).fetchall()
-    ]
+    mine = _running_as(conn, schema, me, 3)
     with factory.connect(pg_dsn, factory.LEASE) as w, w.transaction():
         before = _key_entries_read(w, schema)
         beat = tr.heartbeat(
@@ -813,12 +805,7 @@ def test_the_other_outcomes_read_only_their_rows_whatever_the_statistics_say(
     like the heartbeat: they read their rows by primary key whatever those say."""
     _statistics_of_an_empty_table(conn, schema)
     me = "00000000-0000-0000-0000-0000000000ae"
-    [mine] = conn.execute(
-        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
-        " lease_expires_at) VALUES ('t', 'q', 'in_progress', 1, %s, now(),"
-        " now() + interval '1 minute') RETURNING id",
-        (me,),
-    ).fetchone()
+    [mine] = _running_as(conn, schema, me, 1)
     with factory.connect(pg_dsn, factory.CLAIM) as w, w.transaction():
         before = _key_entries_read(w, schema)
         if outcome == "fail":
@@ -831,3 +818,14 @@ def test_the_other_outcomes_read_only_their_rows_whatever_the_statistics_say(
         read = _key_entries_read(w, schema) - before
     assert mine in states
     assert read < 100, f"{read} primary key entries read for one {outcome}"
+
+
+def _running_as(conn: psycopg.Connection, schema: str, worker_id: str, n: int) -> list[int]:
+    """n rows in progress at attempt 1 for this worker, their leases a minute away."""
+    rows = conn.execute(
+        f"INSERT INTO {schema}.tasks (task, queue, state, attempts, worker_id, started_at,"
+        " lease_expires_at) SELECT 't', 'q', 'in_progress', 1, %s, now(),"
+        " now() + interval '1 minute' FROM generate_series(1, %s) RETURNING id",
+        (worker_id, n),
+    )
+    return [r[0] for r in rows.fetchall()]
