@@ -1512,6 +1512,7 @@ $$;
 CREATE FUNCTION worker.settle_released(kids bigint[], counts integer[], blockers bigint[], errors text[], quiet text[] DEFAULT '{}'::text[], OUT released integer, OUT ready_queues text[]) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_nestloop TO 'off'
     AS $$
 DECLARE
     n        integer;
@@ -1550,6 +1551,7 @@ BEGIN
                          FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
               FROM c
              WHERE t.id = c.id AND t.state = 'waiting'
+               AND t.id = ANY(kids)  -- by primary key in every plan
             RETURNING t.id, t.state, t.queue, t.run_at, t.dependents
         )
         SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),
@@ -1641,20 +1643,25 @@ BEGIN
            SET outcome = p.state, result = CASE WHEN p.state = 'done' THEN p.result END
           FROM p
          WHERE d.depends_on = p.id AND d.outcome IS NULL
+           AND d.depends_on = ANY(ids)  -- by key in every plan (see settle_released)
         RETURNING d.task_id, d.depends_on, d.run_on_failure, d.outcome, p.task
     ), c AS (
+        -- Each dependent's count, its first blocking dependency and what to say about it, in
+        -- one pass over the edges (a look-up of each dependent's error among all the edges made
+        -- a fan-out from one step cost the square of its width).
         SELECT e.task_id AS id, count(*)::integer AS n,
                min(e.depends_on) FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure)
-                   AS blocker
+                   AS blocker,
+               (array_agg(format('DependencyFailed: step %s (%s) ended %s',
+                                 e.depends_on, left(e.task, 100), e.outcome)
+                          ORDER BY e.depends_on)
+                    FILTER (WHERE e.outcome <> 'done' AND NOT e.run_on_failure))[1] AS error
           FROM e GROUP BY e.task_id
     )
     SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}'),
            coalesce(array_agg(c.n ORDER BY c.id), '{}'),
            coalesce(array_agg(c.blocker ORDER BY c.id), '{}'),
-           coalesce(array_agg((SELECT format('DependencyFailed: step %s (%s) ended %s',
-                                             e.depends_on, left(e.task, 100), e.outcome)
-                                 FROM e WHERE e.task_id = c.id AND e.depends_on = c.blocker)
-                              ORDER BY c.id), '{}')
+           coalesce(array_agg(c.error ORDER BY c.id), '{}')
       INTO kids, counts, blockers, errors
       FROM c;
 END;
