@@ -1833,11 +1833,17 @@ $$;
 
 CREATE FUNCTION worker.task_deps_added() RETURNS trigger
     LANGUAGE plpgsql
+    SET enable_nestloop TO 'off'
     AS $$
 DECLARE
     bad      record;
     doomed   bigint[];
     freed    integer;
+    -- The steps and the dependencies of these edges: every look-up below names its rows with
+    -- these (`= ANY`), so that it reads them by primary key whatever the planner believes the
+    -- table holds, instead of joining the edges with the whole table.
+    kids     bigint[] := ARRAY(SELECT DISTINCT a.task_id FROM added AS a);
+    parents  bigint[] := ARRAY(SELECT DISTINCT a.depends_on FROM added AS a);
 BEGIN
     SELECT a.task_id INTO bad FROM added AS a WHERE a.task_id = a.depends_on LIMIT 1;
     IF FOUND THEN
@@ -1846,8 +1852,8 @@ BEGIN
     END IF;
     SELECT a.task_id, a.depends_on, c.id IS NULL AS no_step INTO bad
       FROM added AS a
-      LEFT JOIN "worker".tasks AS c ON c.id = a.task_id
-      LEFT JOIN "worker".tasks AS p ON p.id = a.depends_on
+      LEFT JOIN "worker".tasks AS c ON c.id = a.task_id AND c.id = ANY(kids)
+      LEFT JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(parents)
      WHERE c.id IS NULL OR p.id IS NULL
      LIMIT 1;
     IF FOUND THEN
@@ -1857,8 +1863,8 @@ BEGIN
     END IF;
     SELECT a.task_id, a.depends_on, c.workflow_id AS c_wf, p.workflow_id AS p_wf INTO bad
       FROM added AS a
-      JOIN "worker".tasks AS c ON c.id = a.task_id
-      JOIN "worker".tasks AS p ON p.id = a.depends_on
+      JOIN "worker".tasks AS c ON c.id = a.task_id AND c.id = ANY(kids)
+      JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(parents)
      WHERE c.workflow_id IS NULL OR p.workflow_id IS DISTINCT FROM c.workflow_id
      LIMIT 1;
     IF FOUND THEN
@@ -1877,11 +1883,11 @@ BEGIN
     END IF;
     -- Dependencies first, then the steps that wait, each in id order (as settle_steps locks).
     PERFORM 1 FROM "worker".tasks AS t
-     WHERE t.id = ANY(ARRAY(SELECT a.depends_on FROM added AS a)) ORDER BY t.id FOR UPDATE;
+     WHERE t.id = ANY(parents) ORDER BY t.id FOR UPDATE;
     PERFORM 1 FROM "worker".tasks AS t
-     WHERE t.id = ANY(ARRAY(SELECT a.task_id FROM added AS a)) ORDER BY t.id FOR UPDATE;
+     WHERE t.id = ANY(kids) ORDER BY t.id FOR UPDATE;
     SELECT a.task_id, a.depends_on, c.state, c.dedupe_key IS NOT NULL AS keyed INTO bad
-      FROM added AS a JOIN "worker".tasks AS c ON c.id = a.task_id
+      FROM added AS a JOIN "worker".tasks AS c ON c.id = a.task_id AND c.id = ANY(kids)
      WHERE c.state NOT IN ('waiting', 'scheduled', 'queued') OR c.dedupe_key IS NOT NULL
      LIMIT 1;
     IF FOUND THEN
@@ -1893,7 +1899,7 @@ BEGIN
             bad.task_id, bad.depends_on, bad.task_id, bad.state USING ERRCODE = 'check_violation';
     END IF;
     SELECT a.task_id, a.depends_on INTO bad
-      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
+      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(parents)
      WHERE p.state = 'in_progress' AND p.dependents IS NOT TRUE
      LIMIT 1;
     IF FOUND THEN
@@ -1903,18 +1909,19 @@ BEGIN
     -- Dependencies that finished already: settled now.
     UPDATE "worker".task_deps AS d
        SET outcome = p.state::text, result = CASE WHEN p.state = 'done' THEN p.result END
-      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
+      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(parents)
      WHERE d.task_id = a.task_id AND d.depends_on = a.depends_on AND d.outcome IS NULL
+       AND d.task_id = ANY(kids)
        AND p.state IN ('done', 'failed', 'cancelled');
     UPDATE "worker".tasks AS t SET dependents = true
-     WHERE t.id = ANY(ARRAY(SELECT a.depends_on FROM added AS a))
+     WHERE t.id = ANY(parents)
        AND t.state NOT IN ('done', 'failed', 'cancelled') AND t.dependents IS NOT TRUE;
     WITH c AS (
         SELECT a.task_id AS id,
                count(*) FILTER (WHERE p.state NOT IN ('done', 'failed', 'cancelled'))::integer AS n,
                min(a.depends_on) FILTER (WHERE p.state IN ('failed', 'cancelled')
                                            AND NOT a.run_on_failure) AS blocker
-          FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on
+          FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(parents)
          GROUP BY a.task_id
     ), moved AS (
         UPDATE "worker".tasks AS t
@@ -1935,7 +1942,7 @@ BEGIN
                    SELECT jsonb_agg(d.result ORDER BY d.position, d.depends_on)
                      FROM "worker".task_deps AS d WHERE d.task_id = t.id) END
           FROM c
-         WHERE t.id = c.id
+         WHERE t.id = c.id AND t.id = ANY(kids)
         RETURNING t.id, t.state, t.dependents
     )
     SELECT coalesce(array_agg(m.id) FILTER (WHERE m.state = 'cancelled' AND m.dependents), '{}'),

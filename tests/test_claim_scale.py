@@ -864,6 +864,28 @@ def test_a_steps_acknowledgement_reaches_its_join_by_primary_key_whatever_the_st
     assert max(reads) < 1000, f"{reads} primary key entries read per acknowledgement of 100 steps"
 
 
+def test_a_workflow_is_enqueued_by_primary_key_whatever_the_statistics_say(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The trigger that checks and counts a workflow's edges as they are inserted looks up their
+    steps by primary key, whatever the table's statistics say: enqueueing a chord reads its own
+    rows, not the 30,000 of others once for every check."""
+    _statistics_of_an_empty_table(conn, schema)
+    reads = []
+    for _ in range(2):
+        chord = worker.group([worker.step("t.input", {"n": n}) for n in range(20)], then="t.join")
+        with conn.transaction():
+            before = _key_entries_read(conn, schema)
+            ids = worker.enqueue_workflow(conn, chord, schema=schema)
+            reads.append(_key_entries_read(conn, schema) - before)
+        join = ids[chord.steps[-1]]
+        state, pending = conn.execute(
+            f"SELECT state::text, pending_deps FROM {schema}.tasks WHERE id = %s", (join,)
+        ).fetchone()
+        assert (state, pending) == ("waiting", 20)
+    assert max(reads) < 1000, f"{reads} primary key entries read to enqueue a chord of 21 steps"
+
+
 def _fan_out_from_one_step(
     pg_dsn: str, conn: psycopg.Connection, schema: str, width: int, outcome: str
 ) -> float:
