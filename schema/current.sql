@@ -1632,6 +1632,7 @@ $$;
 CREATE FUNCTION worker.step_edges(ids bigint[], states text[], results jsonb[], tasks text[], OUT kids bigint[], OUT counts integer[], OUT blockers bigint[], OUT errors text[]) RETURNS record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_nestloop TO 'off'
     AS $$
 BEGIN
     -- An edge settled before is not settled again (outcome IS NULL): a step given twice counts
@@ -1844,6 +1845,7 @@ DECLARE
     -- table holds, instead of joining the edges with the whole table.
     kids     bigint[] := ARRAY(SELECT DISTINCT a.task_id FROM added AS a);
     parents  bigint[] := ARRAY(SELECT DISTINCT a.depends_on FROM added AS a);
+    finished bigint[];
 BEGIN
     SELECT a.task_id INTO bad FROM added AS a WHERE a.task_id = a.depends_on LIMIT 1;
     IF FOUND THEN
@@ -1906,13 +1908,17 @@ BEGIN
         RAISE EXCEPTION 'workflow edge % -> %: step % is running, and was claimed without dependents; add dependencies on a step before it starts',
             bad.task_id, bad.depends_on, bad.depends_on USING ERRCODE = 'check_violation';
     END IF;
-    -- Dependencies that finished already: settled now.
-    UPDATE "worker".task_deps AS d
-       SET outcome = p.state::text, result = CASE WHEN p.state = 'done' THEN p.result END
-      FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(parents)
-     WHERE d.task_id = a.task_id AND d.depends_on = a.depends_on AND d.outcome IS NULL
-       AND d.task_id = ANY(kids)
-       AND p.state IN ('done', 'failed', 'cancelled');
+    -- Dependencies that finished already: settled now. Their edges are read by dependency, so
+    -- that a producer adding a join's edges one statement at a time reads only the new ones.
+    finished := ARRAY(SELECT p.id FROM "worker".tasks AS p
+                       WHERE p.id = ANY(parents) AND p.state IN ('done', 'failed', 'cancelled'));
+    IF cardinality(finished) > 0 THEN
+        UPDATE "worker".task_deps AS d
+           SET outcome = p.state::text, result = CASE WHEN p.state = 'done' THEN p.result END
+          FROM added AS a JOIN "worker".tasks AS p ON p.id = a.depends_on AND p.id = ANY(finished)
+         WHERE d.task_id = a.task_id AND d.depends_on = a.depends_on AND d.outcome IS NULL
+           AND d.depends_on = ANY(finished);
+    END IF;
     UPDATE "worker".tasks AS t SET dependents = true
      WHERE t.id = ANY(parents)
        AND t.state NOT IN ('done', 'failed', 'cancelled') AND t.dependents IS NOT TRUE;
