@@ -788,11 +788,16 @@ def _statistics_of_an_empty_table(conn: psycopg.Connection, schema: str) -> None
     )
 
 
-def _key_entries_read(w: psycopg.Connection, schema: str) -> int:
-    """Entries of the task table's primary key this session read, pending since its last report
-    (reports wait for the end of a transaction: a difference within one is what it read)."""
+def _key_entries_read(
+    w: psycopg.Connection, schema: str, indexes: tuple[str, ...] = ("tasks_pkey",)
+) -> int:
+    """Entries of these indexes (the task table's primary key unless told) this session read,
+    pending since its last report (reports wait for the end of a transaction: a difference
+    within one is what it read)."""
     row = w.execute(
-        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)", (f"{schema}.tasks_pkey",)
+        "SELECT sum(pg_stat_get_xact_tuples_returned(i::regclass))::bigint"
+        " FROM unnest(%s::text[]) AS i",
+        ([f"{schema}.{name}" for name in indexes],),
     ).fetchone()
     return int(row[0])
 
@@ -820,6 +825,17 @@ def test_the_other_outcomes_read_only_their_rows_whatever_the_statistics_say(
     assert read < 100, f"{read} primary key entries read for one {outcome}"
 
 
+def _claimed_by(conn: psycopg.Connection, schema: str, worker_id: str, ids: list[int]) -> None:
+    """These enqueued rows in progress at attempt 1 (their last) for this worker, as its claim
+    would leave them, their leases an hour away."""
+    conn.execute(
+        f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 1, max_attempts = 1,"
+        " worker_id = %s, started_at = now(), lease_expires_at = now() + interval '1 hour'"
+        " WHERE id = ANY(%s)",
+        (worker_id, ids),
+    )
+
+
 def _running_as(conn: psycopg.Connection, schema: str, worker_id: str, n: int) -> list[int]:
     """n rows in progress at attempt 1 for this worker, their leases a minute away."""
     rows = conn.execute(
@@ -842,11 +858,7 @@ def test_a_steps_acknowledgement_reaches_its_join_by_primary_key_whatever_the_st
     chord = worker.group([worker.step("t.input", {"n": n}) for n in range(200)], then="t.join")
     ids = worker.enqueue_workflow(conn, chord, schema=schema)
     inputs, join = [ids[s] for s in chord.steps[:-1]], ids[chord.steps[-1]]
-    conn.execute(
-        f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 1, worker_id = %s,"
-        " started_at = now(), lease_expires_at = now() + interval '1 hour' WHERE id = ANY(%s)",
-        (me, inputs),
-    )
+    _claimed_by(conn, schema, me, inputs)
     reads = []
     with factory.connect(pg_dsn, factory.CLAIM) as w:
         for piece in (inputs[:100], inputs[100:]):
@@ -898,12 +910,7 @@ def _fan_out_from_one_step(
         flow.add("t.leaf", {"i": i}, depends_on=[flow.add("t.mid", {"i": i}, depends_on=[source])])
     ids = worker.enqueue_workflow(conn, flow, schema=schema)
     first = ids[source]
-    conn.execute(
-        f"UPDATE {schema}.tasks SET state = 'in_progress', attempts = 1, max_attempts = 1,"
-        " worker_id = %s, started_at = now(), lease_expires_at = now() + interval '1 hour'"
-        " WHERE id = %s",
-        (me, first),
-    )
+    _claimed_by(conn, schema, me, [first])
     with w.transaction():
         began = time.perf_counter()
         if outcome == "done":
@@ -950,18 +957,14 @@ def test_a_join_whose_edges_arrive_one_statement_at_a_time_reads_only_the_new_on
     n = 1_500
     steps = [{"key": f"s{i}", "task": "t.input"} for i in range(n)]
     steps.append({"key": "join", "task": "t.join", "depends_on": [f"s{i}" for i in range(n)]})
-    indexes = [f"{schema}.task_deps_pkey", f"{schema}.task_deps_depends_on_idx"]
-    read = (
-        "SELECT sum(pg_stat_get_xact_tuples_returned(i::regclass))::bigint"
-        " FROM unnest(%s::text[]) AS i"
-    )
+    edges = ("task_deps_pkey", "task_deps_depends_on_idx")
     create = sql.SQL("SELECT {}.create_workflow(%s::jsonb, 'wide join')").format(
         sql.Identifier(schema)
     )
     with conn.transaction():
-        before = conn.execute(read, (indexes,)).fetchone()[0]
+        before = _key_entries_read(conn, schema, edges)
         conn.execute(create, (json.dumps(steps),))
-        entries = conn.execute(read, (indexes,)).fetchone()[0] - before
+        entries = _key_entries_read(conn, schema, edges) - before
     state, pending = conn.execute(
         f"SELECT state::text, pending_deps FROM {schema}.tasks WHERE task = 't.join'"
     ).fetchone()
